@@ -1,0 +1,381 @@
+"""The one typed configuration tree: data, model, training and hardware.
+
+Defaults live in the dataclasses below and nowhere else; `configs/config.yaml` mirrors them with a
+comment on every key (a test keeps the two equal). A run is configured in layers, later wins:
+
+    dataclass defaults  <  YAML file  <  `--set key=value` overrides
+
+and then the optimization level (`basic`, `enhanced`, `experimental`) fills in every key that is
+still `null` ("let the level decide"). So a key written explicitly in the YAML or with `--set` always
+beats the preset, and the preset beats nothing but an unset key.
+
+Unknown keys are errors that name the file, the key and the closest valid key; wrong types and
+impossible combinations raise `ConfigError` saying what is allowed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import os
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+OptimizationLevel = Literal["basic", "enhanced", "experimental"]
+Precision = Literal["auto", "bf16", "fp16", "fp32"]
+
+
+class ConfigError(ValueError):
+    """A configuration problem, phrased as what to change."""
+
+
+@dataclass
+class DataConfig:
+    train_data: str = ""
+    val_data: str = ""
+    val_fraction: float = 0.05
+    sample_rate: int = 22050
+    n_fft: int = 1024
+    win_length: int = 1024
+    hop_length: int = 256
+    n_mels: int = 80
+    fmin: float = 0.0
+    fmax: float = 8000.0
+    mel_scale: Literal["slaney", "htk"] = "slaney"
+    power: float = 1.0
+    log_floor: float = 1e-5
+    peak_normalize: float = 0.95
+    min_duration_s: float = 0.5
+    max_duration_s: float = 12.0
+    reference_duration_s: float = 3.0
+    bucket_boundaries_s: list[float] = field(default_factory=lambda: [2.0, 4.0, 6.0, 8.0, 10.0, 12.0])
+    max_chars_per_second: float = 25.0
+    batch_size: int = 0
+    num_workers: int = 0
+    prefetch_buffer_size: int = 0
+    prefetch_to_gpu: bool | None = None
+    cache_features: bool | None = None
+    cache_dir: str = ""
+    bucketing: bool | None = None
+    shuffle_buffer_size: int = 2048
+    deterministic: bool = False
+
+    @property
+    def frames_per_second(self) -> float:
+        return self.sample_rate / self.hop_length
+
+    @property
+    def mel_fmax(self) -> float:
+        """The mel filterbank's upper edge in Hz (`fmax: 0` means the Nyquist frequency)."""
+        return self.fmax if self.fmax > 0 else self.sample_rate / 2
+
+    def frames_for_samples(self, num_samples: int) -> int:
+        """Frames of a centered STFT over `num_samples` samples (librosa's `center=True`)."""
+        return 1 + num_samples // self.hop_length
+
+    @property
+    def reference_samples(self) -> int:
+        return int(round(self.reference_duration_s * self.sample_rate))
+
+    @property
+    def reference_frames(self) -> int:
+        return self.frames_for_samples(self.reference_samples)
+
+    @property
+    def bucket_mel_lengths(self) -> list[int]:
+        """Padded mel length of each bucket: the longest clip it holds, rounded up to a multiple of 8."""
+        return [
+            _round_up(self.frames_for_samples(int(seconds * self.sample_rate)), 8)
+            for seconds in self.bucket_boundaries_s
+        ]
+
+    @property
+    def bucket_text_lengths(self) -> list[int]:
+        """Padded token length of each bucket (characters plus BOS and EOS), a multiple of 8."""
+        return [
+            _round_up(int(seconds * self.max_chars_per_second) + 2, 8)
+            for seconds in self.bucket_boundaries_s
+        ]
+
+
+@dataclass
+class ModelConfig:
+    size: Literal["tiny", "small", "base"] = "small"
+
+
+@dataclass
+class TrainingConfig:
+    optimization_level: OptimizationLevel = "enhanced"
+    enable_graph_mode: bool | None = None
+    enable_xla_compilation: bool | None = None
+    precision: Precision | None = None
+    gradient_accumulation_steps: int = 0
+    effective_batch_size: int = 32
+
+
+@dataclass
+class HardwareConfig:
+    pass
+
+
+@dataclass
+class Config:
+    seed: int = 1234
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    training: TrainingConfig = field(default_factory=TrainingConfig)
+    hardware: HardwareConfig = field(default_factory=HardwareConfig)
+
+
+# What each optimization level sets. Only keys left `null` are filled in; see the module docstring.
+PRESETS: dict[str, dict[str, Any]] = {
+    "basic": {
+        "training.enable_graph_mode": True,
+        "training.enable_xla_compilation": False,
+        "training.precision": "fp32",
+        "data.cache_features": False,
+        "data.prefetch_to_gpu": False,
+        "data.bucketing": False,
+    },
+    "enhanced": {
+        "training.enable_graph_mode": True,
+        "training.enable_xla_compilation": True,
+        "training.precision": "auto",
+        "data.cache_features": True,
+        "data.prefetch_to_gpu": True,
+        "data.bucketing": True,
+    },
+}
+PRESETS["experimental"] = {**PRESETS["enhanced"]}
+
+
+def _round_up(value: int, multiple: int) -> int:
+    return -(-value // multiple) * multiple
+
+
+# --------------------------------------------------------------------------------------------------
+# Loading
+
+
+def load_config(
+    path: str | os.PathLike | None = None,
+    *,
+    overrides: typing.Sequence[str] = (),
+    optimization_level: str | None = None,
+) -> Config:
+    """Build the config: defaults, then the YAML file, then `key=value` overrides, then the preset.
+
+    `optimization_level`, when given (the `--optimization-level` flag), replaces
+    `training.optimization_level` from the file.
+    """
+    config = Config()
+    if path is not None:
+        source = str(path)
+        try:
+            raw = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise ConfigError(f"config file not found: {source}") from None
+        except yaml.YAMLError as error:
+            raise ConfigError(f"{source}: not valid YAML: {error}") from None
+        if raw is None:
+            raw = {}
+        if not isinstance(raw, dict):
+            raise ConfigError(f"{source}: the top level must be a mapping of sections, got {type(raw).__name__}")
+        for key, value in _flatten(raw, source):
+            set_value(config, key, value, source=source)
+    for override in overrides:
+        key, sep, text = override.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"--set {override!r}: expected key=value, e.g. --set data.batch_size=16")
+        set_value(config, key.strip(), yaml.safe_load(text) if text.strip() else "", source="--set")
+    if optimization_level is not None:
+        set_value(config, "training.optimization_level", optimization_level, source="--optimization-level")
+    apply_preset(config)
+    validate(config)
+    return config
+
+
+def _flatten(raw: dict, source: str, prefix: str = "") -> typing.Iterator[tuple[str, Any]]:
+    # No field holds a mapping, so every mapping is a section (known or misspelt: either way the
+    # full dotted key reaches set_value, which names it in the error).
+    for key, value in raw.items():
+        dotted = f"{prefix}{key}"
+        if isinstance(value, dict):
+            yield from _flatten(value, source, dotted + ".")
+        else:
+            yield dotted, value
+
+
+def all_keys(node: Any = None, prefix: str = "") -> list[str]:
+    """Every valid dotted key, e.g. `data.batch_size`."""
+    node = Config() if node is None else node
+    keys = []
+    for f in dataclasses.fields(node):
+        value = getattr(node, f.name)
+        if dataclasses.is_dataclass(value):
+            keys.extend(all_keys(value, f"{prefix}{f.name}."))
+        else:
+            keys.append(prefix + f.name)
+    return keys
+
+
+def set_value(config: Config, key: str, value: Any, *, source: str) -> None:
+    """Set one dotted key after checking that it exists and that `value` has an allowed type."""
+    parts = key.split(".")
+    node: Any = config
+    for part in parts[:-1]:
+        child = getattr(node, part, None) if part in _field_names(node) else None
+        if not dataclasses.is_dataclass(child):
+            raise _unknown_key(key, source)
+        node = child
+    name = parts[-1]
+    if name not in _field_names(node) or dataclasses.is_dataclass(getattr(node, name)):
+        raise _unknown_key(key, source)
+    hint = typing.get_type_hints(type(node))[name]
+    setattr(node, name, _coerce(value, hint, key, source))
+
+
+def _field_names(node: Any) -> set[str]:
+    return {f.name for f in dataclasses.fields(node)} if dataclasses.is_dataclass(node) else set()
+
+
+def _unknown_key(key: str, source: str) -> ConfigError:
+    close = difflib.get_close_matches(key, all_keys(), n=1, cutoff=0.6)
+    hint = f"; did you mean '{close[0]}'?" if close else "; see configs/config.yaml for every key"
+    return ConfigError(f"{source}: unknown key '{key}'{hint}")
+
+
+def _coerce(value: Any, hint: Any, key: str, source: str) -> Any:
+    """Check `value` against the field's annotation; ints are accepted where floats are expected."""
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        options = typing.get_args(hint)
+        if value is None and type(None) in options:
+            return None
+        for option in options:
+            if option is type(None):
+                continue
+            try:
+                return _coerce(value, option, key, source)
+            except ConfigError:
+                pass
+        raise ConfigError(f"{source}: {key} must be {_describe(hint)}, got {value!r}")
+    if origin is Literal:
+        allowed = typing.get_args(hint)
+        if value not in allowed:
+            raise ConfigError(f"{source}: {key} must be one of {', '.join(map(str, allowed))}; got {value!r}")
+        return value
+    if origin is list:
+        (item,) = typing.get_args(hint)
+        if not isinstance(value, list):
+            raise ConfigError(f"{source}: {key} must be a list of {item.__name__}, got {value!r}")
+        return [_coerce(v, item, key, source) for v in value]
+    if hint is bool:
+        if isinstance(value, bool):
+            return value
+    elif hint is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    elif hint is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+    elif hint is str:
+        if isinstance(value, str):
+            return value
+    raise ConfigError(f"{source}: {key} must be {_describe(hint)}, got {value!r}")
+
+
+def _describe(hint: Any) -> str:
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join("null" if h is type(None) else _describe(h) for h in typing.get_args(hint))
+    if origin is Literal:
+        return "one of " + ", ".join(map(str, typing.get_args(hint)))
+    if origin is list:
+        return f"a list of {_describe(typing.get_args(hint)[0])}"
+    return {bool: "true or false", int: "an integer", float: "a number", str: "a string"}.get(hint, str(hint))
+
+
+def get_value(config: Config, key: str) -> Any:
+    node: Any = config
+    for part in key.split("."):
+        node = getattr(node, part)
+    return node
+
+
+def apply_preset(config: Config) -> None:
+    """Fill every key still `null` from the chosen optimization level."""
+    for key, value in PRESETS[config.training.optimization_level].items():
+        if get_value(config, key) is None:
+            set_value(config, key, value, source=f"preset {config.training.optimization_level}")
+
+
+def validate(config: Config) -> None:
+    """Checks across fields: each message says which key to change and to what."""
+    d, t = config.data, config.training
+    problems = []
+    if d.sample_rate <= 0:
+        problems.append(f"data.sample_rate must be positive, got {d.sample_rate}")
+    if not 0 < d.win_length <= d.n_fft:
+        problems.append(f"data.win_length ({d.win_length}) must be in 1..data.n_fft ({d.n_fft})")
+    if d.n_fft % 2:
+        problems.append(f"data.n_fft must be even, got {d.n_fft}")
+    if not 0 < d.hop_length <= d.win_length:
+        problems.append(f"data.hop_length ({d.hop_length}) must be in 1..data.win_length ({d.win_length})")
+    if d.n_mels <= 0:
+        problems.append(f"data.n_mels must be positive, got {d.n_mels}")
+    if not 0 <= d.fmin < d.mel_fmax <= d.sample_rate / 2:
+        problems.append(
+            f"need 0 <= data.fmin < data.fmax <= sample_rate/2 ({d.sample_rate / 2:g}); "
+            f"got fmin={d.fmin:g}, fmax={d.fmax:g} (fmax: 0 means sample_rate/2)"
+        )
+    if d.power not in (1.0, 2.0):
+        problems.append(f"data.power must be 1.0 (magnitude) or 2.0 (power), got {d.power}")
+    if d.log_floor <= 0:
+        problems.append(f"data.log_floor must be positive, got {d.log_floor}")
+    if not 0 <= d.peak_normalize <= 1:
+        problems.append(f"data.peak_normalize must be in [0, 1] (0 turns it off), got {d.peak_normalize}")
+    if not 0 <= d.min_duration_s < d.max_duration_s:
+        problems.append(f"need 0 <= data.min_duration_s < data.max_duration_s; got {d.min_duration_s} and {d.max_duration_s}")
+    if d.reference_duration_s <= 0:
+        problems.append(f"data.reference_duration_s must be positive, got {d.reference_duration_s}")
+    bounds = d.bucket_boundaries_s
+    if not bounds or any(b <= 0 for b in bounds) or sorted(set(bounds)) != bounds:
+        problems.append(f"data.bucket_boundaries_s must be positive and strictly increasing, got {bounds}")
+    elif bounds[-1] < d.max_duration_s:
+        problems.append(
+            f"the last of data.bucket_boundaries_s ({bounds[-1]}) must be >= data.max_duration_s "
+            f"({d.max_duration_s}): raise it or lower data.max_duration_s"
+        )
+    if d.max_chars_per_second <= 0:
+        problems.append(f"data.max_chars_per_second must be positive, got {d.max_chars_per_second}")
+    if not 0 <= d.val_fraction < 1:
+        problems.append(f"data.val_fraction must be in [0, 1), got {d.val_fraction}")
+    for key in ("batch_size", "num_workers", "prefetch_buffer_size", "shuffle_buffer_size"):
+        if getattr(d, key) < 0:
+            problems.append(f"data.{key} must be >= 0 (0 = automatic), got {getattr(d, key)}")
+    if t.gradient_accumulation_steps < 0:
+        problems.append(f"training.gradient_accumulation_steps must be >= 0 (0 = automatic), got {t.gradient_accumulation_steps}")
+    if t.effective_batch_size <= 0:
+        problems.append(f"training.effective_batch_size must be positive, got {t.effective_batch_size}")
+    if t.enable_xla_compilation and t.enable_graph_mode is False:
+        problems.append(
+            "training.enable_xla_compilation: true needs training.enable_graph_mode: true "
+            "(XLA compiles graphs; eager mode is for debugging)"
+        )
+    if problems:
+        raise ConfigError("invalid configuration:\n  - " + "\n  - ".join(problems))
+
+
+def to_dict(config: Config) -> dict:
+    return dataclasses.asdict(config)
+
+
+def save_config(config: Config, path: str | os.PathLike) -> None:
+    """Write the fully resolved config next to a run, so the run can be reproduced and resumed."""
+    Path(path).write_text(yaml.safe_dump(to_dict(config), sort_keys=False), encoding="utf-8")

@@ -1,0 +1,248 @@
+"""From a manifest to padded, bucketed, prefetched batches, built only from TensorFlow ops.
+
+    paths + transcripts -> read_file -> decode_wav -> resample (if the file's rate differs)
+      -> peak-normalise -> tokenise -> length filter -> log-mel (+ reference clip of the same voice)
+      -> cache -> shuffle -> bucket by length, pad to the bucket's size -> prefetch (to the GPU)
+
+Nothing in the hot path calls back into Python (tests/test_pipeline.py scans the dataset graph for
+PyFunc ops), so the input pipeline scales with cores instead of queueing on the GIL. Batches are
+padded to bucket boundaries, not to the longest clip in the batch, so a compiled train step sees
+one shape per bucket.
+
+A batch is a dict:
+    mel              float32 [batch, frames, n_mels]   log-mel, padded with log(data.log_floor)
+    mel_length       int32   [batch]                   true frame counts (mask with these)
+    tokens           int32   [batch, text_length]      BOS text EOS, padded with PAD_ID
+    text_length      int32   [batch]
+    reference_mel    float32 [batch, ref_frames, n_mels]  another clip of the same speaker
+    reference_length int32   [batch]
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import random
+from collections import defaultdict
+from pathlib import Path
+
+import tensorflow as tf
+
+from myxtts.config import Config, DataConfig
+from myxtts.data import audio
+from myxtts.data.manifest import Utterance, read_manifest
+from myxtts.data.text import PAD_ID, Vocabulary, tokenize
+
+# Used when `data.batch_size` / `data.num_workers` are 0 ("automatic") and no hardware plan has
+# resolved them yet (the trainer writes the plan's values into the config before building datasets).
+DEFAULT_BATCH_SIZE = 16
+
+
+def usable_cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def assign_references(utterances: list[Utterance], seed: int) -> list[str]:
+    """For each utterance, the audio path of another utterance by the same speaker (itself if alone).
+
+    Chosen once, deterministically from the seed; this is cheap Python over a list of paths, done
+    before the graph is built, not per batch.
+    """
+    by_speaker: dict[str, list[int]] = defaultdict(list)
+    for index, utterance in enumerate(utterances):
+        by_speaker[utterance.speaker].append(index)
+    rng = random.Random(seed)
+    references = []
+    position = {index: pos for group in by_speaker.values() for pos, index in enumerate(group)}
+    for index, utterance in enumerate(utterances):
+        group = by_speaker[utterance.speaker]
+        if len(group) == 1:
+            references.append(utterance.audio_path)
+            continue
+        pick = rng.randrange(len(group) - 1)  # any other member of the group, uniformly
+        other = group[pick if pick < position[index] else pick + 1]
+        references.append(utterances[other].audio_path)
+    return references
+
+
+def build_dataset(
+    config: Config,
+    manifest: str | os.PathLike | list[Utterance],
+    training: bool = True,
+    *,
+    vocabulary: Vocabulary | None = None,
+) -> tf.data.Dataset:
+    """Batches for training (shuffled, fixed batch size) or evaluation (in order, last batch kept).
+
+    `manifest` is an LJSpeech folder or metadata.csv, a JSONL manifest, or a list of `Utterance`.
+    `vocabulary` defaults to one built from these transcripts; pass the training vocabulary when
+    building a validation set.
+    """
+    c = config.data
+    utterances = read_manifest(manifest) if isinstance(manifest, (str, os.PathLike)) else list(manifest)
+    if not utterances:
+        raise ValueError(f"no utterances in {manifest if isinstance(manifest, (str, os.PathLike)) else 'the given list'}")
+    vocabulary = vocabulary or Vocabulary.from_texts(u.text for u in utterances)
+    batch_size = c.batch_size or DEFAULT_BATCH_SIZE
+    parallel_calls = c.num_workers or tf.data.AUTOTUNE
+
+    ds = tf.data.Dataset.from_tensor_slices(
+        {
+            "audio_path": [u.audio_path for u in utterances],
+            "reference_path": assign_references(utterances, config.seed),
+            "text": [u.text for u in utterances],
+        }
+    )
+    cache = bool(c.cache_features)
+    if training and not cache:
+        # Without a cache every epoch recomputes features anyway, so shuffle the cheap file list.
+        ds = ds.shuffle(len(utterances), seed=config.seed, reshuffle_each_iteration=True)
+
+    table = vocabulary.lookup_table()
+    ds = ds.map(lambda row: _decode(row, c, table), num_parallel_calls=parallel_calls)
+    ds = ds.filter(lambda ex: _within_limits(ex, c))
+    ds = ds.map(lambda ex: _features(ex, c), num_parallel_calls=parallel_calls)
+    if cache:
+        ds = ds.cache(_cache_path(c, utterances, vocabulary, training))
+        if training:
+            ds = ds.shuffle(min(c.shuffle_buffer_size or len(utterances), len(utterances)), seed=config.seed)
+    ds = _batch(ds, c, batch_size, drop_remainder=training)
+    ds = ds.with_options(_options(c, training))
+    return _prefetch(ds, c)
+
+
+def _decode(row, c: DataConfig, table) -> dict:
+    samples, rate = audio.load_wav(row["audio_path"])
+    samples = audio.resample_to(samples, rate, c.sample_rate, source=row["audio_path"])
+    tokens = tokenize(row["text"], table)
+    return {
+        "samples": audio.peak_normalize(samples, c.peak_normalize),
+        "tokens": tokens,
+        "reference_path": row["reference_path"],
+    }
+
+
+def _within_limits(example, c: DataConfig) -> tf.Tensor:
+    num_samples = tf.shape(example["samples"])[0]
+    return tf.logical_and(
+        tf.logical_and(num_samples >= int(c.min_duration_s * c.sample_rate), num_samples <= int(c.max_duration_s * c.sample_rate)),
+        tf.shape(example["tokens"])[0] <= c.bucket_text_lengths[-1],
+    )
+
+
+def _features(example, c: DataConfig) -> dict:
+    mel = audio.log_mel(example["samples"], c)  # [frames, n_mels]
+    reference, reference_length = _reference_mel(example["reference_path"], c)
+    return {
+        "mel": mel,
+        "mel_length": tf.shape(mel)[0],
+        "tokens": example["tokens"],
+        "text_length": tf.shape(example["tokens"])[0],
+        "reference_mel": reference,
+        "reference_length": reference_length,
+    }
+
+
+def _reference_mel(path, c: DataConfig):
+    """The middle `reference_duration_s` of the clip (skipping leading and trailing silence), as a
+    log-mel padded to a fixed number of frames."""
+    samples, rate = audio.load_wav(path)
+    samples = audio.peak_normalize(audio.resample_to(samples, rate, c.sample_rate, source=path), c.peak_normalize)
+    length = tf.minimum(tf.shape(samples)[0], c.reference_samples)
+    start = (tf.shape(samples)[0] - length) // 2
+    mel = audio.log_mel(samples[start : start + length], c)  # [frames <= reference_frames, n_mels]
+    frames = tf.shape(mel)[0]
+    mel = tf.pad(mel, [[0, c.reference_frames - frames], [0, 0]], constant_values=math.log(c.log_floor))
+    return tf.ensure_shape(mel, [c.reference_frames, c.n_mels]), frames
+
+
+def padding_values(c: DataConfig) -> dict:
+    silence = tf.constant(math.log(c.log_floor), tf.float32)
+    zero = tf.constant(0, tf.int32)
+    return {
+        "mel": silence,
+        "mel_length": zero,
+        "tokens": tf.constant(PAD_ID, tf.int32),
+        "text_length": zero,
+        "reference_mel": silence,
+        "reference_length": zero,
+    }
+
+
+def bucket_index(mel_length, text_length, c: DataConfig) -> tf.Tensor:
+    """The smallest bucket whose mel and text sizes both fit this example."""
+    by_mel = tf.searchsorted(tf.constant(c.bucket_mel_lengths, tf.int32), tf.reshape(mel_length, [1]), side="left")
+    by_text = tf.searchsorted(tf.constant(c.bucket_text_lengths, tf.int32), tf.reshape(text_length, [1]), side="left")
+    return tf.cast(tf.maximum(by_mel, by_text)[0], tf.int64)
+
+
+def _batch(ds: tf.data.Dataset, c: DataConfig, batch_size: int, drop_remainder: bool) -> tf.data.Dataset:
+    if not c.bucketing:
+        shapes = {"mel": [None, c.n_mels], "tokens": [None], "reference_mel": [c.reference_frames, c.n_mels]}
+        shapes.update({k: [] for k in ("mel_length", "text_length", "reference_length")})
+        return ds.padded_batch(batch_size, shapes, padding_values(c), drop_remainder=drop_remainder)
+
+    mel_sizes = tf.constant(c.bucket_mel_lengths, tf.int64)
+    text_sizes = tf.constant(c.bucket_text_lengths, tf.int64)
+
+    def batch_one_bucket(bucket, window):
+        shapes = {
+            "mel": tf.stack([mel_sizes[bucket], c.n_mels]),
+            "tokens": tf.reshape(text_sizes[bucket], [1]),
+            "reference_mel": [c.reference_frames, c.n_mels],
+            "mel_length": [],
+            "text_length": [],
+            "reference_length": [],
+        }
+        return window.padded_batch(batch_size, shapes, padding_values(c), drop_remainder=drop_remainder)
+
+    return ds.group_by_window(
+        key_func=lambda ex: bucket_index(ex["mel_length"], ex["text_length"], c),
+        reduce_func=batch_one_bucket,
+        window_size=batch_size,
+    )
+
+
+def _cache_path(c: DataConfig, utterances, vocabulary: Vocabulary, training: bool) -> str:
+    """In memory when `data.cache_dir` is empty; else a file named after everything that shapes the
+    features, so changing the corpus or a feature setting never reads a stale cache."""
+    if not c.cache_dir:
+        return ""
+    feature_keys = {
+        k: v
+        for k, v in vars(c).items()
+        if k not in {"batch_size", "num_workers", "prefetch_buffer_size", "prefetch_to_gpu", "cache_dir", "bucketing",
+                     "shuffle_buffer_size", "deterministic", "train_data", "val_data", "val_fraction"}
+    }
+    key = json.dumps([feature_keys, [(u.audio_path, u.text, u.speaker) for u in utterances], vocabulary.tokens])
+    digest = hashlib.sha256(key.encode("utf-8")).hexdigest()[:16]
+    Path(c.cache_dir).mkdir(parents=True, exist_ok=True)
+    return str(Path(c.cache_dir) / f"{'train' if training else 'eval'}-{digest}")
+
+
+def _options(c: DataConfig, training: bool) -> tf.data.Options:
+    cores = usable_cores()
+    options = tf.data.Options()
+    # Order only matters for evaluation and reproducibility tests; elsewhere let fast clips overtake.
+    options.deterministic = c.deterministic or not training
+    options.autotune.enabled = True
+    options.autotune.cpu_budget = cores
+    options.autotune.ram_budget = _ram_bytes() // 2
+    options.threading.private_threadpool_size = cores
+    return options
+
+
+def _ram_bytes() -> int:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 8 << 30
+
+
+def _prefetch(ds: tf.data.Dataset, c: DataConfig) -> tf.data.Dataset:
+    if c.prefetch_to_gpu and tf.config.list_logical_devices("GPU"):
+        # Copies the next batches into GPU memory while the current step runs; must be the last stage.
+        return ds.apply(tf.data.experimental.prefetch_to_device("/gpu:0", buffer_size=c.prefetch_buffer_size or None))
+    return ds.prefetch(c.prefetch_buffer_size or tf.data.AUTOTUNE)

@@ -1,0 +1,32 @@
+"""What machine is this, and what plan fits it.
+
+- `detect`: GPU facts through NVML, CPU/RAM/platform (`host`), TensorFlow's view only on request.
+- `plan`: a pure function from facts, model size and user settings to precision, batch, accumulation
+  and input parallelism, each value with its source.
+- `probe`: measured batch sizes -> memory fit -> chosen batch, with a JSON cache.
+- `select`: which GPUs to use (`--gpu`, a saved choice, or a question on a terminal).
+- `report`: the readable and JSON reports behind `python -m myxtts.hardware`.
+
+Nothing in this package imports TensorFlow at module level.
+"""
+
+from myxtts.hardware.detect import GpuFacts, MachineFacts, architecture_for, detect_machine
+from myxtts.hardware.plan import Plan, RequestedSettings, plan_for_machine, with_measured_batch
+from myxtts.hardware.report import format_report, short_summary
+from myxtts.hardware.select import GpuSelection, cuda_visible_devices_value, select_gpus
+
+__all__ = [
+    "GpuFacts",
+    "GpuSelection",
+    "MachineFacts",
+    "Plan",
+    "RequestedSettings",
+    "architecture_for",
+    "cuda_visible_devices_value",
+    "detect_machine",
+    "format_report",
+    "plan_for_machine",
+    "select_gpus",
+    "short_summary",
+    "with_measured_batch",
+]

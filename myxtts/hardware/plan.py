@@ -1,0 +1,398 @@
+"""The plan: which precision, batch, accumulation and input parallelism fit this machine.
+
+`plan_for_machine` is a pure function of the detected facts, the model size and what the user asked
+for, so every rule below is tested against recorded device profiles. Each value carries its source
+("config" or "auto: <reason>") so the training log says why it runs the way it does.
+
+Rules, in one place:
+- Precision: mixed_bfloat16 from compute capability 8.0 (Ampere and newer have bf16 tensor cores and
+  need no loss scaling), mixed_float16 with loss scaling on 7.x (fp16 tensor cores only), float32 below
+  7.0 and on CPU (no fast half-precision path there).
+- TF32 on from CC 8.0; XLA on (bucketed shapes keep the number of compiled programs small).
+- Batch prior: a per-GPU batch for the `base` model (~100M parameters) looked up from the GPU's free
+  memory (table `_BASE_BATCH_BY_FREE_GIB`); `small` takes twice and `tiny` four times that batch
+  (their per-sample activations are roughly half and a quarter of base's), capped at the effective
+  batch. It is a prior: `probe.py` measures and can refine it.
+- Accumulation: ceil(effective / (batch * replicas)). When the batch does not divide the target the
+  effective batch comes out above it (16 GB: 6 x 6 = 36 >= 32), never below, because a smaller
+  effective batch than asked changes the optimization while a slightly larger one does not hurt.
+- Explicit values always win; derived ones are recomputed around them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from myxtts.hardware.detect import GpuFacts, MachineFacts
+
+_GIB = 2**30
+
+# Free GPU memory (GiB, lower bound) -> per-GPU batch for the base model. Thresholds sit below the
+# nominal sizes because NVML reports e.g. 22.5 GiB for a "24 GB" A10/L4 and ~15 GiB free on a T4.
+_BASE_BATCH_BY_FREE_GIB: tuple[tuple[float, int], ...] = (
+    (120.0, 32),  # H200 141 GB, B200 180 GB
+    (60.0, 16),  # A100/H100 80 GB, 96 GB Blackwell workstation cards
+    (32.0, 12),  # A100 40 GB, 48 GB cards
+    (20.0, 8),  # 24 GB cards (RTX 3090/4090, A10, L4)
+    (13.0, 6),  # 16 GB cards (V100, T4)
+    (9.5, 4),  # 12 GB and 11 GB cards
+    (5.5, 2),  # 8 GB and 6 GB cards
+    (0.0, 1),
+)
+# Below this much free memory batch 1 of base is close to not fitting at all.
+_TIGHT_FREE_GIB = 5.5
+_TOO_SMALL_FREE_GIB = 3.0
+
+# How many base-sized samples one sample of each model size is worth, in memory.
+MODEL_SIZE_BATCH_MULTIPLIER: Mapping[str, int] = {"base": 1, "small": 2, "tiny": 4}
+
+# Each input worker (decode, resample, log-mel of one utterance in flight, plus its buffers) is given
+# this much of the RAM budget; on small-RAM machines this caps the worker count before the cores do.
+_RAM_PER_INPUT_WORKER = 512 * 2**20
+_DEFAULT_RAM_BUDGET = 2 * _GIB  # when RAM could not be read
+
+PRECISION_ALIASES: Mapping[str, str] = {
+    "auto": "auto",
+    "bf16": "mixed_bfloat16",
+    "mixed_bfloat16": "mixed_bfloat16",
+    "fp16": "mixed_float16",
+    "mixed_float16": "mixed_float16",
+    "fp32": "float32",
+    "float32": "float32",
+}
+
+
+def _auto_int(name: str, value: int | str) -> int:
+    if value == "auto":
+        return 0
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{name} must be a non-negative integer or 'auto' (0 = auto), got {value!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class RequestedSettings:
+    """What the user configured; 0 or 'auto' (None for the booleans) means "decide for me"."""
+
+    batch_size: int | str = 0
+    gradient_accumulation_steps: int | str = 0
+    num_workers: int | str = 0
+    precision: str = "auto"
+    effective_batch_size: int | str = 0  # 0 / 'auto': 32
+    tf32: bool | None = None
+    xla: bool | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("batch_size", "gradient_accumulation_steps", "num_workers", "effective_batch_size"):
+            object.__setattr__(self, name, _auto_int(name, getattr(self, name)))
+        if self.precision not in PRECISION_ALIASES:
+            raise ValueError(f"precision must be one of {sorted(PRECISION_ALIASES)}, got {self.precision!r}")
+        object.__setattr__(self, "precision", PRECISION_ALIASES[self.precision])
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The decisions, each with its source in `sources` (same keys as the fields)."""
+
+    device: str  # "gpu" or "cpu"
+    gpu_indices: tuple[int, ...]
+    num_replicas: int
+    model_size: str
+    precision: str  # a Keras dtype policy name
+    loss_scaling: bool
+    tf32: bool
+    xla: bool
+    batch_size: int  # per replica
+    gradient_accumulation_steps: int
+    effective_batch_size: int  # batch_size * gradient_accumulation_steps * num_replicas
+    target_effective_batch_size: int
+    num_parallel_calls: int
+    private_threadpool_size: int
+    autotune_cpu_budget: int
+    autotune_ram_budget_bytes: int
+    probe_batch_size: bool  # True when the batch is automatic on a GPU, so measuring can refine it
+    sources: Mapping[str, str] = field(default_factory=dict)
+    recommendations: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["gpu_indices"] = list(self.gpu_indices)
+        data["recommendations"] = list(self.recommendations)
+        data["sources"] = dict(self.sources)
+        return data
+
+    def describe_lines(self) -> list[str]:
+        """One "name = value  (source)" line per decision, for the training log."""
+        names = [f.name for f in dataclasses.fields(self) if f.name in self.sources]
+        def shown(name: str) -> str:
+            value = getattr(self, name)
+            return f"{value / _GIB:.1f} GiB" if name.endswith("_bytes") else str(value)
+
+        return [f"{name} = {shown(name)}  ({self.sources[name]})" for name in names]
+
+
+def base_batch_for_memory(free_bytes: int) -> int:
+    """The per-GPU batch prior for the base model with this much free memory."""
+    free_gib = free_bytes / _GIB
+    return next(batch for threshold, batch in _BASE_BATCH_BY_FREE_GIB if free_gib >= threshold)
+
+
+def _usable_memory(gpu: GpuFacts) -> int:
+    # Free memory already excludes other processes and the driver's reserve; a zero (unknown) falls
+    # back to the total.
+    return gpu.free_memory_bytes if gpu.free_memory_bytes > 0 else gpu.total_memory_bytes
+
+
+def _precision(gpus: tuple[GpuFacts, ...], requested: RequestedSettings, notes: list[str]) -> tuple[str, str]:
+    min_cc = min((g.compute_capability for g in gpus), default=None)
+    if requested.precision != "auto":
+        if min_cc is None and requested.precision != "float32":
+            notes.append(f"precision {requested.precision} on CPU is emulated and usually slower than "
+                         "float32; precision: auto picks float32 there")
+        elif min_cc is not None and requested.precision == "mixed_bfloat16" and min_cc < (8, 0):
+            notes.append(f"bf16 on CC {min_cc[0]}.{min_cc[1]} has no tensor-core support and runs slower "
+                         "than fp16; precision: auto picks mixed_float16 there")
+        return requested.precision, "config"
+    if min_cc is None:
+        return "float32", "auto: CPU has no fast half-precision path"
+    cc_text = f"{min_cc[0]}.{min_cc[1]}"
+    if min_cc >= (8, 0):
+        return "mixed_bfloat16", f"auto: CC {cc_text} has bf16 tensor cores; no loss scaling needed"
+    if min_cc >= (7, 0):
+        return "mixed_float16", f"auto: CC {cc_text} has fp16 tensor cores only; loss scaling on"
+    return "float32", f"auto: CC {cc_text} has no tensor cores"
+
+
+def _batch_prior(gpus: tuple[GpuFacts, ...], multiplier: int, target: int) -> tuple[int, str, int]:
+    """(per-replica batch, reason, free bytes it was sized for) before any user override.
+
+    Capped so that one step of all replicas does not exceed the effective batch by itself.
+    """
+    if not gpus:
+        batch = min(multiplier, target)
+        return batch, "auto: CPU, smallest batch that keeps steps short (accumulation reaches the target)", 0
+    cap = max(1, math.ceil(target / len(gpus)))
+    free = min(_usable_memory(g) for g in gpus)
+    base = base_batch_for_memory(free)
+    batch = min(base * multiplier, cap)
+    reason = f"auto: prior for {free / _GIB:.1f} GiB free GPU memory"
+    if multiplier > 1:
+        reason += f" (base batch {base} x {multiplier} for this model size, at most {cap} per replica)"
+    elif batch < base:
+        reason += f" (at most {cap} per replica)"
+    return batch, reason, free
+
+
+def _input_parallelism(facts: MachineFacts, requested: RequestedSettings, on_gpu: bool) -> dict[str, Any]:
+    cores = max(1, facts.usable_cpu_cores)
+    if on_gpu:
+        # One core stays with the Python thread that dispatches train steps to the GPU.
+        input_cores, why = max(1, cores - 1), f"{cores} usable cores minus one for the step loop"
+    else:
+        # On CPU the model's own ops need cores too; the input pipeline gets half.
+        input_cores, why = max(1, cores // 2), f"half of {cores} usable cores (the model trains on CPU)"
+    if facts.ram_bytes:
+        ram_budget = facts.ram_bytes // 2
+        ram_why = f"auto: half of {facts.ram_bytes / _GIB:.1f} GiB usable RAM"
+    else:
+        ram_budget, ram_why = _DEFAULT_RAM_BUDGET, "auto: RAM unknown, 2 GiB"
+    ram_cap = max(1, ram_budget // _RAM_PER_INPUT_WORKER)
+    if requested.num_workers:
+        workers, workers_why = requested.num_workers, "config"
+    elif ram_cap < input_cores:
+        workers, workers_why = ram_cap, f"auto: RAM budget allows {ram_cap} workers of 512 MiB"
+    else:
+        workers, workers_why = input_cores, f"auto: {why}"
+    pool = max(input_cores, workers)
+    return {
+        "num_parallel_calls": (workers, workers_why),
+        "private_threadpool_size": (pool, f"auto: {why}" if pool == input_cores else "auto: num_parallel_calls"),
+        "autotune_cpu_budget": (pool, "auto: same as the private thread pool"),
+        "autotune_ram_budget_bytes": (ram_budget, ram_why),
+    }
+
+
+def kernel_support(compute_capability: tuple[int, int], build_capabilities: tuple[str, ...]) -> str:
+    """'native', 'ptx-jit' or 'none': how a TensorFlow build's CUDA kernels reach this GPU.
+
+    A cubin for sm_XY runs on the same major version with minor >= Y; PTX for compute_XY is compiled
+    by the driver for any CC >= XY, at start-up, which can take minutes.
+    """
+    major, minor = compute_capability
+    ptx_ok = False
+    for entry in build_capabilities:
+        kind, _, digits = entry.partition("_")
+        if not digits.isdigit() or len(digits) < 2:
+            continue
+        build_cc = (int(digits[:-1]), int(digits[-1]))
+        if kind == "sm" and build_cc[0] == major and build_cc[1] <= minor:
+            return "native"
+        if kind == "compute" and build_cc <= (major, minor):
+            ptx_ok = True
+    return "ptx-jit" if ptx_ok else "none"
+
+
+def _gpu_recommendations(facts: MachineFacts, gpus: tuple[GpuFacts, ...], free: int, model_size: str) -> list[str]:
+    notes = []
+    for gpu in gpus:
+        if gpu.architecture == "Blackwell" and facts.tensorflow_cuda_capabilities is None:
+            notes.append(f"GPU {gpu.index} {gpu.name} is Blackwell (CC {gpu.cc_text}): it needs a TensorFlow "
+                         f"build with sm_{gpu.compute_capability[0]}{gpu.compute_capability[1]} kernels; check "
+                         "tf.sysconfig.get_build_info()['cuda_compute_capabilities'] (a build with only older "
+                         "PTX JIT-compiles at start-up, slowly, if at all)")
+        if facts.tensorflow_cuda_capabilities is not None:
+            support = kernel_support(gpu.compute_capability, facts.tensorflow_cuda_capabilities)
+            caps = ", ".join(facts.tensorflow_cuda_capabilities)
+            if support == "none":
+                notes.append(f"this TensorFlow build ({caps}) has no kernels for CC {gpu.cc_text} "
+                             f"({gpu.name}): install a build that lists sm_{gpu.compute_capability[0]}"
+                             f"{gpu.compute_capability[1]}")
+            elif support == "ptx-jit":
+                notes.append(f"this TensorFlow build ({caps}) reaches CC {gpu.cc_text} only through PTX: the "
+                             "driver JIT-compiles its kernels on first start (minutes); keep them cached with "
+                             "CUDA_CACHE_MAXSIZE=4294967296")
+        if gpu.mig_mode:
+            notes.append(f"MIG is enabled on GPU {gpu.index}: a MIG slice has only part of the memory this plan "
+                         "assumes; set batch_size explicitly or let the probe measure")
+        others = gpu.other_processes_memory_bytes
+        if others and others > _GIB // 2:
+            notes.append(f"other processes hold {others / _GIB:.1f} GiB on GPU {gpu.index}; the batch is sized "
+                         f"for the {_usable_memory(gpu) / _GIB:.1f} GiB left")
+    if len({g.name for g in gpus}) > 1:
+        notes.append("the chosen GPUs differ: a mirrored step runs at the slowest card's pace and the batch "
+                     "is sized for the smallest free memory")
+    if facts.tensorflow_gpus is not None and not facts.tensorflow_gpus:
+        notes.append(f"TensorFlow sees no GPU although NVML lists {len(facts.gpus)}: TensorFlow 2.21 needs "
+                     "the CUDA 12 libraries (pip install 'tensorflow[and-cuda]')")
+    if free / _GIB < _TOO_SMALL_FREE_GIB and model_size == "base":
+        notes.append(f"only {free / _GIB:.1f} GiB free GPU memory: the base model may not fit even at batch 1; "
+                     "set training.gradient_checkpointing: true and consider model size small")
+    elif free / _GIB < _TIGHT_FREE_GIB and model_size == "base":
+        notes.append(f"{free / _GIB:.1f} GiB free GPU memory: batch 1 barely fits the base model; set "
+                     "training.gradient_checkpointing: true to trade recompute time for activation memory")
+    return notes
+
+
+def _platform_recommendations(facts: MachineFacts) -> list[str]:
+    if facts.platform == "wsl2":
+        return ["WSL2: Windows keeps part of the GPU memory for its desktop and files under /mnt/<drive> are "
+                "read through a slow bridge; keep the dataset and caches on the Linux filesystem, and raise "
+                "the VM's RAM limit in %UserProfile%\\.wslconfig if the input pipeline runs short"]
+    if facts.platform == "windows":
+        return ["native Windows: TensorFlow after 2.10 has no GPU support there; run under WSL2"]
+    if facts.platform == "macos":
+        return ["macOS: no CUDA GPU; this plan trains on CPU, which only suits smoke tests"]
+    return []
+
+
+def plan_for_machine(facts: MachineFacts, model_size: str = "base",
+                     requested: RequestedSettings | None = None) -> Plan:
+    """Decides precision, TF32, XLA, batch, accumulation and input parallelism for `facts.gpus`.
+
+    `facts.gpus` are the GPUs training will use (restrict with `MachineFacts.with_gpus` after
+    selection); with several, `batch_size` is per replica and the plan is sized for the smallest.
+    """
+    if model_size not in MODEL_SIZE_BATCH_MULTIPLIER:
+        raise ValueError(f"model size must be one of {sorted(MODEL_SIZE_BATCH_MULTIPLIER)}, got {model_size!r}")
+    requested = requested or RequestedSettings()
+    gpus = facts.gpus
+    on_gpu = bool(gpus)
+    replicas = max(1, len(gpus))
+    notes: list[str] = []
+    sources: dict[str, str] = {}
+
+    precision, sources["precision"] = _precision(gpus, requested, notes)
+    sources["loss_scaling"] = "auto: needed by float16 only" if precision == "mixed_float16" else \
+        "auto: not needed by " + precision
+    min_cc = min((g.compute_capability for g in gpus), default=None)
+    if requested.tf32 is not None:
+        tf32, sources["tf32"] = requested.tf32, "config"
+    elif min_cc is not None and min_cc >= (8, 0):
+        tf32, sources["tf32"] = True, "auto: CC >= 8.0 runs float32 matmuls on tensor cores (TF32)"
+    else:
+        tf32, sources["tf32"] = False, "auto: no TF32 before CC 8.0" if on_gpu else "auto: no TF32 on CPU"
+    if requested.xla is not None:
+        xla, sources["xla"] = requested.xla, "config"
+    else:
+        xla, sources["xla"] = True, "auto: XLA fuses ops; bucketed shapes keep compiles few"
+
+    target = requested.effective_batch_size or 32
+    sources["target_effective_batch_size"] = "config" if requested.effective_batch_size else "auto: default 32"
+    prior, prior_why, free = _batch_prior(gpus, MODEL_SIZE_BATCH_MULTIPLIER[model_size], target)
+    if requested.batch_size:
+        batch, sources["batch_size"] = requested.batch_size, "config"
+        fits = base_batch_for_memory(free) * MODEL_SIZE_BATCH_MULTIPLIER[model_size] if on_gpu else batch
+        if batch > fits:
+            notes.append(f"batch_size {batch} from config is above the prior {fits} for {free / _GIB:.1f} GiB "
+                         "free; if it runs out of memory lower it, or set it to auto so the probe measures")
+    else:
+        batch, sources["batch_size"] = prior, prior_why
+    if requested.gradient_accumulation_steps:
+        accumulation, sources["gradient_accumulation_steps"] = requested.gradient_accumulation_steps, "config"
+    else:
+        accumulation = math.ceil(target / (batch * replicas))
+        sources["gradient_accumulation_steps"] = (
+            f"auto: ceil({target} / ({batch} x {replicas} replica(s))) reaches the effective batch")
+    effective = batch * accumulation * replicas
+    sources["effective_batch_size"] = f"batch {batch} x accumulation {accumulation} x {replicas} replica(s)"
+    if requested.batch_size and requested.gradient_accumulation_steps and effective != target:
+        notes.append(f"batch_size x gradient_accumulation_steps x replicas = {effective} differs from "
+                     f"effective_batch_size {target}; the fixed values win")
+
+    parallel = _input_parallelism(facts, requested, on_gpu)
+    for name, (_, why) in parallel.items():
+        sources[name] = why
+
+    if on_gpu:
+        notes.extend(_gpu_recommendations(facts, gpus, free, model_size))
+    else:
+        notes.append("no GPU: training on CPU suits smoke tests only, and XLA gains little there")
+    notes.extend(_platform_recommendations(facts))
+
+    sources["device"] = f"auto: {len(gpus)} GPU(s) chosen" if on_gpu else "auto: no GPU detected or chosen"
+    probe = on_gpu and not requested.batch_size
+    sources["probe_batch_size"] = ("auto: batch is automatic, measuring can refine it" if probe else
+                                   "auto: batch fixed by config" if on_gpu else "auto: no probing on CPU")
+    return Plan(
+        device="gpu" if on_gpu else "cpu",
+        gpu_indices=tuple(g.index for g in gpus),
+        num_replicas=replicas,
+        model_size=model_size,
+        precision=precision,
+        loss_scaling=precision == "mixed_float16",
+        tf32=tf32,
+        xla=xla,
+        batch_size=batch,
+        gradient_accumulation_steps=accumulation,
+        effective_batch_size=effective,
+        target_effective_batch_size=target,
+        num_parallel_calls=parallel["num_parallel_calls"][0],
+        private_threadpool_size=parallel["private_threadpool_size"][0],
+        autotune_cpu_budget=parallel["autotune_cpu_budget"][0],
+        autotune_ram_budget_bytes=parallel["autotune_ram_budget_bytes"][0],
+        probe_batch_size=probe,
+        sources=sources,
+        recommendations=tuple(notes),
+    )
+
+
+def with_measured_batch(plan: Plan, batch_size: int, reason: str) -> Plan:
+    """The plan with the probe's batch in place of the prior, accumulation recomputed to the target."""
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    sources = dict(plan.sources)
+    sources["batch_size"] = f"auto: measured ({reason})"
+    if sources.get("gradient_accumulation_steps") == "config":
+        accumulation = plan.gradient_accumulation_steps
+    else:
+        accumulation = math.ceil(plan.target_effective_batch_size / (batch_size * plan.num_replicas))
+        sources["gradient_accumulation_steps"] = (
+            f"auto: ceil({plan.target_effective_batch_size} / ({batch_size} x {plan.num_replicas} replica(s)))")
+    sources["effective_batch_size"] = (
+        f"batch {batch_size} x accumulation {accumulation} x {plan.num_replicas} replica(s)")
+    return dataclasses.replace(plan, batch_size=batch_size, gradient_accumulation_steps=accumulation,
+                               effective_batch_size=batch_size * accumulation * plan.num_replicas,
+                               probe_batch_size=False, sources=sources)

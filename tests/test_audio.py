@@ -1,0 +1,120 @@
+"""Audio ops against independent references: soundfile (decoding), librosa (mels), soxr (resampling).
+
+All comparisons run on real demo speech synthesized by espeak-ng (the session fixture).
+"""
+
+import numpy as np
+import pytest
+import soundfile
+import soxr
+import tensorflow as tf
+
+from myxtts.config import DataConfig
+from myxtts.data import audio
+
+
+@pytest.fixture(scope="module")
+def speech(demo_corpus):
+    files = sorted((demo_corpus / "wavs").glob("*.wav"))[:4]
+    return np.concatenate([soundfile.read(f, dtype="float32")[0] for f in files])
+
+
+def _librosa_log_mel(samples, c: DataConfig):
+    import librosa
+
+    mel = librosa.feature.melspectrogram(
+        y=samples, sr=c.sample_rate, n_fft=c.n_fft, hop_length=c.hop_length, win_length=c.win_length,
+        n_mels=c.n_mels, fmin=c.fmin, fmax=c.mel_fmax, power=c.power, htk=c.mel_scale == "htk",
+    )
+    return np.log(np.maximum(mel, c.log_floor)).T  # [frames, n_mels]
+
+
+def test_load_wav_matches_soundfile(demo_corpus):
+    path = sorted((demo_corpus / "wavs").glob("*.wav"))[0]
+    samples, rate = audio.load_wav(str(path))
+    expected, expected_rate = soundfile.read(path, dtype="float32")
+    assert int(rate) == expected_rate == 22050
+    np.testing.assert_array_equal(samples.numpy(), expected)
+
+
+def test_load_wav_averages_channels(tmp_path):
+    stereo = np.stack([np.full(1000, 0.5), np.full(1000, -0.25)], axis=1)
+    soundfile.write(tmp_path / "stereo.wav", stereo, 16000, subtype="PCM_16")
+    samples, rate = audio.load_wav(str(tmp_path / "stereo.wav"))
+    assert int(rate) == 16000 and samples.shape == (1000,)
+    np.testing.assert_allclose(samples.numpy(), 0.125, atol=1e-4)
+
+
+PARAMETER_SETS = [
+    {},  # the defaults: 1024/256, 80 Slaney mels up to 8 kHz, magnitude
+    {"n_fft": 512, "win_length": 400, "hop_length": 160, "n_mels": 64, "fmax": 0.0, "power": 2.0},
+    {"mel_scale": "htk", "n_mels": 100, "fmin": 50.0, "fmax": 11025.0, "hop_length": 128},
+]
+
+
+@pytest.mark.parametrize("params", PARAMETER_SETS)
+def test_log_mel_matches_librosa(speech, params):
+    c = DataConfig(**params)
+    ours = audio.log_mel(speech, c).numpy()
+    expected = _librosa_log_mel(speech, c)
+    assert ours.shape == expected.shape == (1 + len(speech) // c.hop_length, c.n_mels)
+    relative_error = np.linalg.norm(ours - expected) / np.linalg.norm(expected)
+    assert relative_error < 1e-3, relative_error
+
+
+def test_filterbank_matches_librosa():
+    import librosa
+
+    for htk in (False, True):
+        ours = audio.mel_filterbank(22050, 1024, 80, 0.0, 8000.0, htk)
+        expected = librosa.filters.mel(sr=22050, n_fft=1024, n_mels=80, fmin=0.0, fmax=8000.0, htk=htk).T
+        np.testing.assert_allclose(ours, expected, rtol=1e-4, atol=1e-7)
+
+
+def test_log_mel_is_the_same_eagerly_in_a_dataset_and_batched(speech):
+    c = DataConfig()
+    clips = [speech[:30000], speech[30000:60000]]
+    eager = [audio.log_mel(x, c).numpy() for x in clips]
+    mapped = list(tf.data.Dataset.from_tensor_slices(np.stack(clips)).map(lambda x: audio.log_mel(x, c)).as_numpy_iterator())
+    batched = audio.log_mel(np.stack(clips), c).numpy()  # [2, frames, n_mels], the mel-on-device route
+    for i in range(2):
+        np.testing.assert_allclose(mapped[i], eager[i], atol=1e-5)
+        np.testing.assert_allclose(batched[i], eager[i], atol=1e-4)
+
+
+def _snr_db(ours, reference):
+    return 10 * np.log10(np.sum(reference**2) / np.sum((ours - reference) ** 2))
+
+
+@pytest.mark.parametrize("from_rate, to_rate", [(44100, 22050), (16000, 22050), (48000, 24000)])
+def test_resample_matches_soxr(speech, from_rate, to_rate):
+    source = soxr.resample(speech, 22050, from_rate).astype(np.float32)  # speech at the source rate
+    expected = soxr.resample(source, from_rate, to_rate)
+    ours = audio.resample(source, from_rate, to_rate).numpy()
+    assert ours.shape == expected.shape  # round(n * to / from), like soxr
+    assert _snr_db(ours, expected) >= 50.0
+
+
+def test_resample_preserves_a_tone_and_its_length():
+    t = np.arange(16000) / 16000
+    tone = np.sin(2 * np.pi * 440 * t).astype(np.float32)
+    out = audio.resample(tone, 16000, 22050).numpy()
+    expected = np.sin(2 * np.pi * 440 * np.arange(22050) / 22050)
+    assert out.shape == (22050,)
+    np.testing.assert_allclose(out[500:-500], expected[500:-500], atol=2e-3)
+
+
+def test_resample_to_converts_supported_rates_and_names_the_file_otherwise(tmp_path):
+    tone = np.sin(np.linspace(0, 200, 16000)).astype(np.float32)
+    samples = audio.resample_to(tone, tf.constant(16000), 22050, source="a.wav").numpy()
+    np.testing.assert_allclose(samples, audio.resample(tone, 16000, 22050).numpy())
+    assert audio.resample_to(tone, tf.constant(22050), 22050).shape == (16000,)
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"(?s)unsupported sample rate.*12345.*odd\.wav.*prepare_dataset"):
+        audio.resample_to(tone, tf.constant(12345), 22050, source="odd.wav")
+
+
+def test_peak_normalize():
+    x = np.array([0.1, -0.4, 0.2], np.float32)
+    np.testing.assert_allclose(audio.peak_normalize(x, 0.8).numpy(), [0.2, -0.8, 0.4], rtol=1e-6)
+    assert np.all(audio.peak_normalize(np.zeros(4, np.float32), 0.8).numpy() == 0)
+    np.testing.assert_array_equal(audio.peak_normalize(x, 0.0), x)

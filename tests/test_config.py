@@ -1,0 +1,163 @@
+"""The config tree: YAML mirrors the defaults, strict keys and types, presets and their precedence."""
+
+import dataclasses
+import inspect
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+from myxtts import config as cfg
+from myxtts.config import ConfigError, load_config
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _write(tmp_path, text):
+    path = tmp_path / "config.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_config_yaml_mirrors_the_dataclass_defaults():
+    raw = yaml.safe_load((ROOT / "configs" / "config.yaml").read_text())
+    defaults = cfg.to_dict(cfg.Config())
+    assert raw == defaults | {"hardware": raw["hardware"]} and raw["hardware"] == defaults["hardware"]
+
+
+def test_every_key_is_documented_by_a_comment_in_config_yaml():
+    lines = (ROOT / "configs" / "config.yaml").read_text().splitlines()
+    for key in cfg.all_keys():
+        leaf = key.rsplit(".", 1)[-1]
+        line = next((l for l in lines if re.match(rf"\s*{leaf}:", l)), None)
+        assert line is not None and "#" in line, f"{key} has no documented line in configs/config.yaml"
+
+
+def _derived_properties() -> dict[str, set[str]]:
+    """property name -> the config fields its body reads (e.g. mel_fmax -> {fmax, sample_rate})."""
+    derived = {}
+    for section in (cfg.DataConfig, cfg.ModelConfig, cfg.TrainingConfig, cfg.HardwareConfig):
+        for name, member in vars(section).items():
+            if isinstance(member, property):
+                derived[name] = set(re.findall(r"self\.(\w+)", inspect.getsource(member.fget)))
+    return derived
+
+
+def test_every_key_is_read_somewhere_outside_the_config_module():
+    files = [p for folder in ("myxtts", "utilities") for p in (ROOT / folder).rglob("*.py") if p.name != "config.py"]
+    sources = "\n".join(p.read_text() for p in files + list(ROOT.glob("train_main.py")))
+    sources += inspect.getsource(cfg.apply_preset)  # the loader itself reads the optimization level
+    used = {m for m in re.findall(r"\.(\w+)\b", sources)}
+    for prop, fields in _derived_properties().items():
+        if prop in used:
+            used |= fields
+    unread = [k for k in cfg.all_keys() if k.rsplit(".", 1)[-1] not in used]
+    assert not unread, f"config keys nothing reads: {unread}"
+
+
+def test_unknown_key_names_key_file_and_closest_match(tmp_path):
+    path = _write(tmp_path, "data:\n  batch_sise: 8\n")
+    with pytest.raises(ConfigError) as error:
+        load_config(path)
+    message = str(error.value)
+    assert str(path) in message and "data.batch_sise" in message and "data.batch_size" in message
+
+
+def test_unknown_section_is_reported(tmp_path):
+    with pytest.raises(ConfigError, match=r"unknown key 'trainig.precision'.*training.precision"):
+        load_config(_write(tmp_path, "trainig:\n  precision: fp32\n"))
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("data:\n  batch_size: eight\n", "data.batch_size must be an integer"),
+        ("data:\n  batch_size: true\n", "data.batch_size must be an integer"),
+        ("training:\n  precision: fp8\n", "training.precision must be"),
+        ("data:\n  mel_scale: bark\n", "one of slaney, htk"),
+        ("data:\n  bucket_boundaries_s: 3\n", "a list of"),
+        ("data:\n  prefetch_to_gpu: maybe\n", "true or false or null"),
+    ],
+)
+def test_wrong_types_say_what_is_allowed(tmp_path, text, expected):
+    with pytest.raises(ConfigError, match=re.escape(expected)):
+        load_config(_write(tmp_path, text))
+
+
+@pytest.mark.parametrize(
+    "override, expected",
+    [
+        ("data.win_length=2048", "data.win_length (2048) must be in 1..data.n_fft"),
+        ("data.fmax=20000", "fmax"),
+        ("data.max_duration_s=20", "raise it or lower data.max_duration_s"),
+        ("data.bucket_boundaries_s=[4, 2, 12]", "strictly increasing"),
+        ("data.batch_size=-1", "data.batch_size must be >= 0"),
+        ("data.power=3", "data.power must be 1.0"),
+    ],
+)
+def test_impossible_values_are_rejected(override, expected):
+    with pytest.raises(ConfigError, match=re.escape(expected)):
+        load_config(overrides=[override])
+
+
+def test_xla_without_graph_mode_is_refused():
+    with pytest.raises(ConfigError, match="enable_graph_mode: true"):
+        load_config(overrides=["training.enable_graph_mode=false", "training.enable_xla_compilation=true"])
+
+
+def test_set_override_must_be_key_value():
+    with pytest.raises(ConfigError, match="expected key=value"):
+        load_config(overrides=["data.batch_size"])
+
+
+def test_presets_fill_only_unset_keys(tmp_path):
+    basic = load_config(optimization_level="basic")
+    enhanced = load_config(optimization_level="enhanced")
+    assert (basic.training.enable_xla_compilation, basic.training.precision, basic.data.bucketing) == (False, "fp32", False)
+    assert (enhanced.training.enable_xla_compilation, enhanced.training.precision, enhanced.data.bucketing) == (True, "auto", True)
+    assert enhanced.data.cache_features and not basic.data.cache_features
+    # An explicit YAML key beats the preset; --set beats the YAML; the flag beats the YAML's level.
+    path = _write(tmp_path, "training:\n  optimization_level: basic\n  enable_xla_compilation: true\ndata:\n  bucketing: true\n")
+    mixed = load_config(path, overrides=["data.bucketing=false"])
+    assert mixed.training.optimization_level == "basic"
+    assert mixed.training.enable_xla_compilation is True and mixed.data.bucketing is False
+    assert load_config(path, optimization_level="enhanced").training.optimization_level == "enhanced"
+
+
+def test_every_level_resolves_every_null():
+    for level in cfg.PRESETS:
+        config = load_config(optimization_level=level)
+        nulls = [k for k in cfg.all_keys() if cfg.get_value(config, k) is None]
+        assert not nulls, f"level {level} leaves {nulls} unset"
+
+
+def test_unknown_optimization_level():
+    with pytest.raises(ConfigError, match="one of basic, enhanced, experimental"):
+        load_config(optimization_level="turbo")
+
+
+def test_demo_config_overrides_only_a_few_fields():
+    demo = load_config(ROOT / "configs" / "demo.yaml")
+    differing = [k for k in cfg.all_keys() if cfg.get_value(demo, k) != cfg.get_value(load_config(), k)]
+    assert 0 < len(differing) <= 10, differing
+
+
+def test_saved_config_loads_back_to_the_same_values(tmp_path):
+    original = load_config(overrides=["data.n_mels=64", "seed=7"], optimization_level="basic")
+    cfg.save_config(original, tmp_path / "saved.yaml")
+    assert dataclasses.asdict(load_config(tmp_path / "saved.yaml")) == dataclasses.asdict(original)
+
+
+def test_missing_or_malformed_file(tmp_path):
+    with pytest.raises(ConfigError, match="not found"):
+        load_config(tmp_path / "nope.yaml")
+    with pytest.raises(ConfigError, match="mapping"):
+        load_config(_write(tmp_path, "- just\n- a list\n"))
+
+
+def test_derived_bucket_sizes_follow_the_boundaries():
+    data = load_config(overrides=["data.bucket_boundaries_s=[3.0, 12.0]"]).data
+    assert data.bucket_mel_lengths == [264, 1040]  # 1 + 3*22050//256 = 259 -> 264; 1 + 264600//256 = 1034 -> 1040
+    assert data.bucket_text_lengths == [80, 304]  # 3*25+2 = 77 -> 80; 12*25+2 = 302 -> 304
+    assert all(n % 8 == 0 for n in data.bucket_mel_lengths + data.bucket_text_lengths)

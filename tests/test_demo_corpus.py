@@ -1,0 +1,144 @@
+"""Tests for the sentence generator and the espeak-ng demo corpus builder.
+
+The corpus tests synthesize a dozen utterances for real (about a second per build), since
+what they guard, byte-identical audio and the WAV format, only shows in real renderings.
+"""
+
+import json
+import re
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile
+
+from myxtts.data.demo_corpus import (
+    MAX_DURATION_S,
+    METADATA_FILENAME,
+    MIN_DURATION_S,
+    SAMPLE_RATE,
+    STAMP_FILENAME,
+    make_demo_corpus,
+    total_audio_seconds,
+)
+from myxtts.data.sentences import generate_sentences, number_to_words, ordinal_to_words, year_to_words
+
+NUM_UTTERANCES = 12
+
+
+def _read_metadata(corpus_dir: Path) -> list[list[str]]:
+    return [line.split("|") for line in (corpus_dir / METADATA_FILENAME).read_text(encoding="utf-8").splitlines()]
+
+
+def _file_bytes(corpus_dir: Path) -> dict[str, bytes]:
+    return {str(path.relative_to(corpus_dir)): path.read_bytes() for path in sorted(corpus_dir.rglob("*")) if path.is_file()}
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> Path:
+    return make_demo_corpus(tmp_path_factory.mktemp("demo") / "corpus", NUM_UTTERANCES, seed=0, progress=False)
+
+
+def test_number_words_match_spoken_english():
+    expected = {
+        0: "zero", 13: "thirteen", 40: "forty", 42: "forty-two", 100: "one hundred",
+        342: "three hundred and forty-two", 1005: "one thousand and five",
+        2300: "two thousand three hundred", 999_999: "nine hundred and ninety-nine thousand nine hundred and ninety-nine",
+    }
+    assert {number: number_to_words(number) for number in expected} == expected
+    assert [ordinal_to_words(n) for n in (1, 2, 3, 12, 20, 23, 31)] == [
+        "first", "second", "third", "twelfth", "twentieth", "twenty-third", "thirty-first",
+    ]
+    assert [year_to_words(y) for y in (1905, 1984, 2000, 2007, 2015)] == [
+        "nineteen oh five", "nineteen eighty-four", "two thousand", "two thousand and seven", "twenty fifteen",
+    ]
+    with pytest.raises(ValueError, match="999,999"):
+        number_to_words(1_000_000)
+
+
+def test_sentence_generator_is_deterministic_digit_free_and_varied():
+    sentences = generate_sentences(300, seed=0)
+    assert sentences == generate_sentences(300, seed=0)
+    assert sentences != generate_sentences(300, seed=1)
+    assert all(sentence.strip() and sentence[0].isupper() for sentence in sentences)
+    assert not any(character.isdigit() for sentence in sentences for character in sentence)
+    assert all(sentence[-1] in ".?!" for sentence in sentences)
+    assert "|" not in "".join(sentences)  # the metadata separator
+    for mark in (",", "?", "!", "'"):
+        assert any(mark in sentence for sentence in sentences), mark
+    word_counts = [len(sentence.split()) for sentence in sentences]
+    # Spoken at ~3 words/s, this spans about one to twelve seconds.
+    assert min(word_counts) <= 3 and max(word_counts) >= 28
+    assert sum(count <= 6 for count in word_counts) > 30 and sum(count >= 20 for count in word_counts) > 30
+    assert len(set(sentences)) > 250
+
+
+def test_corpus_layout_audio_format_and_text(corpus):
+    rows = _read_metadata(corpus)
+    assert len(rows) == NUM_UTTERANCES
+    assert all(len(row) == 4 for row in rows), rows
+    assert [row[0] for row in rows] == [f"demo_{index:04d}" for index in range(1, NUM_UTTERANCES + 1)]
+    assert sorted(path.stem for path in (corpus / "wavs").iterdir()) == [row[0] for row in rows]
+    speakers = {row[3] for row in rows}
+    assert len(speakers) >= 4 and all(re.fullmatch(r"spk_[a-z0-9_-]+", speaker) for speaker in speakers)
+    texts = [row[1] for row in rows]
+    assert all(row[1] == row[2] and row[1].strip() for row in rows)
+    assert not re.search(r"\d", "".join(texts))
+    assert "," in "".join(texts) and re.search(r"[?!]", "".join(texts))
+
+    total = 0.0
+    for row in rows:
+        wav_path = corpus / "wavs" / f"{row[0]}.wav"
+        info = soundfile.info(wav_path)
+        assert (info.samplerate, info.channels, info.subtype) == (SAMPLE_RATE, 1, "PCM_16"), wav_path
+        assert MIN_DURATION_S <= info.duration <= MAX_DURATION_S, (wav_path, info.duration)
+        samples, _ = soundfile.read(wav_path, dtype="int16")
+        assert np.abs(samples).max() > 1000, f"{wav_path} is (nearly) silent"
+        total += info.duration
+    assert total_audio_seconds(corpus) == pytest.approx(total)
+    stamp = json.loads((corpus / STAMP_FILENAME).read_text())
+    assert (stamp["num_utterances"], stamp["seed"]) == (NUM_UTTERANCES, 0)
+    assert stamp["total_seconds"] == pytest.approx(total, abs=1e-3)
+
+
+def test_same_seed_is_byte_identical_whatever_the_worker_count(corpus, tmp_path):
+    # One worker renders every utterance in sequence, two interleave them: identical bytes
+    # prove that no espeak state leaks from one rendering into the next.
+    single_worker = make_demo_corpus(tmp_path / "one", NUM_UTTERANCES, seed=0, progress=False, num_workers=1)
+    assert _file_bytes(single_worker) == _file_bytes(corpus)
+
+
+def test_different_seed_gives_different_corpus(corpus, tmp_path):
+    other = make_demo_corpus(tmp_path / "other", NUM_UTTERANCES, seed=1, progress=False)
+    assert [row[1] for row in _read_metadata(other)] != [row[1] for row in _read_metadata(corpus)]
+    assert (other / "wavs" / "demo_0001.wav").read_bytes() != (corpus / "wavs" / "demo_0001.wav").read_bytes()
+
+
+def test_second_call_is_a_no_op(corpus):
+    mtimes = {path: path.stat().st_mtime_ns for path in corpus.rglob("*")}
+    start = time.monotonic()
+    assert make_demo_corpus(corpus, NUM_UTTERANCES, seed=0, progress=False) == corpus
+    assert time.monotonic() - start < 1.0
+    assert {path: path.stat().st_mtime_ns for path in corpus.rglob("*")} == mtimes
+
+
+def test_failed_build_leaves_no_stamp_and_rebuilds_cleanly(tmp_path):
+    out_dir = tmp_path / "corpus"
+    make_demo_corpus(out_dir, 6, seed=0, progress=False)
+    assert (out_dir / STAMP_FILENAME).is_file()
+
+    # en-gb+m3 is rejected by the bundled espeak data: the error must name it, and the
+    # stamp of the earlier build must not survive to vouch for a half-rewritten corpus.
+    with pytest.raises(RuntimeError, match=re.escape("'en-gb+m3'")):
+        make_demo_corpus(out_dir, 4, seed=0, progress=False, voices=("en-us", "en-gb+m3"))
+    assert not (out_dir / STAMP_FILENAME).exists()
+
+    make_demo_corpus(out_dir, 4, seed=0, progress=False)
+    assert len(_read_metadata(out_dir)) == 4
+    assert sorted(path.name for path in (out_dir / "wavs").iterdir()) == [f"demo_000{i}.wav" for i in range(1, 5)]
+
+    # A file deleted after the stamp was written is noticed and rebuilt.
+    (out_dir / "wavs" / "demo_0002.wav").unlink()
+    make_demo_corpus(out_dir, 4, seed=0, progress=False)
+    assert soundfile.info(out_dir / "wavs" / "demo_0002.wav").samplerate == SAMPLE_RATE

@@ -1,0 +1,160 @@
+"""The native tf.data pipeline: no Python in the graph, exact batch shapes, buckets, determinism."""
+
+import math
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from myxtts.config import load_config
+from myxtts.data.manifest import Utterance, read_manifest
+from myxtts.data.pipeline import assign_references, bucket_index, build_dataset
+from myxtts.data.text import BOS_ID, EOS_ID, PAD_ID
+from myxtts.diagnostics.graph_scan import find_python_ops
+
+BATCH_KEYS = {"mel", "mel_length", "tokens", "text_length", "reference_mel", "reference_length"}
+
+
+def _config(*overrides, level="enhanced"):
+    return load_config(overrides=["data.batch_size=4", "data.deterministic=true", *overrides], optimization_level=level)
+
+
+@pytest.fixture(scope="module")
+def utterances(demo_corpus):
+    return read_manifest(demo_corpus)
+
+
+@pytest.fixture(scope="module")
+def batches(utterances):
+    return list(build_dataset(_config(), utterances, training=True).as_numpy_iterator())
+
+
+def test_dataset_graph_has_no_python_ops(utterances):
+    for level in ("basic", "enhanced"):
+        assert find_python_ops(build_dataset(_config(level=level), utterances)) == []
+
+
+def test_graph_scan_finds_a_numpy_function():
+    # The scan above must be able to fail: a pipeline with a numpy_function is caught, by name.
+    ds = tf.data.Dataset.range(3).map(lambda x: tf.numpy_function(lambda v: v * 2, [x], tf.int64, name="slow_librosa"))
+    found = find_python_ops(ds)
+    assert [op.op for op in found] == ["PyFunc"] and "slow_librosa" in found[0].describe()
+    generated = tf.data.Dataset.from_generator(lambda: iter([1, 2]), output_signature=tf.TensorSpec([], tf.int32))
+    assert any(op.op == "GeneratorDataset" for op in find_python_ops(generated))
+
+
+def test_batches_have_exact_shapes_from_the_bucket_boundaries(batches):
+    c = _config().data
+    allowed = set(zip(c.bucket_mel_lengths, c.bucket_text_lengths))
+    assert len(batches) >= 3
+    for batch in batches:
+        assert set(batch) == BATCH_KEYS
+        b = 4
+        frames, text = batch["mel"].shape[1], batch["tokens"].shape[1]
+        assert (frames, text) in allowed
+        assert batch["mel"].shape == (b, frames, c.n_mels) and batch["mel"].dtype == np.float32
+        assert batch["tokens"].shape == (b, text) and batch["tokens"].dtype == np.int32
+        assert batch["reference_mel"].shape == (b, c.reference_frames, c.n_mels)
+        for key in ("mel_length", "text_length", "reference_length"):
+            assert batch[key].shape == (b,) and batch[key].dtype == np.int32
+        # Each example sits in the smallest bucket that fits it.
+        for mel_length, text_length in zip(batch["mel_length"], batch["text_length"]):
+            assert int(bucket_index(mel_length, text_length, c)) == c.bucket_mel_lengths.index(frames)
+
+
+def test_padding_is_silence_and_pad_tokens_beyond_the_true_lengths(batches):
+    floor = math.log(_config().data.log_floor)
+    for batch in batches:
+        for i in range(batch["mel"].shape[0]):
+            n, t, r = batch["mel_length"][i], batch["text_length"][i], batch["reference_length"][i]
+            assert np.all(batch["mel"][i, n:] == np.float32(floor)) and np.any(batch["mel"][i, :n] > floor)
+            assert batch["tokens"][i, 0] == BOS_ID and batch["tokens"][i, t - 1] == EOS_ID
+            assert np.all(batch["tokens"][i, t:] == PAD_ID) and np.all(batch["tokens"][i, 1 : t - 1] > EOS_ID)
+            assert np.all(batch["reference_mel"][i, r:] == np.float32(floor))
+
+
+def test_mel_lengths_are_the_true_clip_lengths(utterances):
+    import soundfile
+
+    c = _config().data
+    expected = sorted(1 + soundfile.info(u.audio_path).frames // c.hop_length for u in utterances)
+    eval_batches = build_dataset(_config(), utterances, training=False)
+    got = sorted(int(n) for b in eval_batches.as_numpy_iterator() for n in b["mel_length"])
+    assert got == expected  # evaluation keeps every clip, including each bucket's last partial batch
+
+
+def test_same_seed_same_batches_other_seed_other_order(utterances):
+    def first_batches(seed):
+        ds = build_dataset(_config(f"seed={seed}"), utterances, training=True)
+        return [b["mel_length"].tolist() for b in ds.take(3).as_numpy_iterator()]
+
+    assert first_batches(1) == first_batches(1)
+    assert first_batches(1) != first_batches(2)
+
+
+def test_epochs_are_reshuffled(utterances):
+    ds = build_dataset(_config("data.cache_features=false"), utterances, training=True)
+    epochs = [[b["mel_length"].tolist() for b in ds.as_numpy_iterator()] for _ in range(2)]
+    assert epochs[0] != epochs[1]
+
+
+def test_references_come_from_another_clip_of_the_same_speaker():
+    utterances = [Utterance(f"/a/{s}{i}.wav", "x", s) for s in "pq" for i in range(5)] + [Utterance("/a/solo.wav", "x", "r")]
+    references = assign_references(utterances, seed=0)
+    for utterance, reference in zip(utterances, references):
+        if utterance.speaker == "r":
+            assert reference == utterance.audio_path  # alone: a crop of itself
+        else:
+            assert reference != utterance.audio_path and reference.startswith(f"/a/{utterance.speaker}")
+    assert references == assign_references(utterances, seed=0) != assign_references(utterances, seed=1)
+
+
+def test_reference_mel_is_the_reference_clip(utterances):
+    # With one speaker per clip, the reference is the middle of the clip itself: compare directly.
+    from myxtts.data import audio
+
+    solo = [Utterance(u.audio_path, u.text, f"solo{i}") for i, u in enumerate(utterances[:4])]
+    c = _config("data.bucketing=false").data
+    batch = next(build_dataset(_config("data.bucketing=false"), solo, training=False).as_numpy_iterator())
+    samples, _ = audio.load_wav(solo[0].audio_path)
+    samples = audio.peak_normalize(samples, c.peak_normalize)
+    start = (len(samples) - c.reference_samples) // 2
+    expected = audio.log_mel(samples[start : start + c.reference_samples], c).numpy()
+    np.testing.assert_allclose(batch["reference_mel"][0, : len(expected)], expected, atol=1e-4)
+
+
+def test_length_filter_drops_clips_outside_the_limits(utterances):
+    durations = sorted(u.duration_s or 0 for u in utterances)
+    config = _config("data.min_duration_s=3.0", "data.max_duration_s=6.0")
+    kept = [n for b in build_dataset(config, utterances, training=False).as_numpy_iterator() for n in b["mel_length"]]
+    seconds = [(n - 1) * 256 / 22050 for n in kept]
+    assert kept and all(2.98 <= s <= 6.0 for s in seconds)
+    assert len(kept) < len(utterances)
+
+
+def test_keys_change_what_is_built(utterances, tmp_path):
+    base = next(build_dataset(_config(), utterances, training=True).as_numpy_iterator())
+    changed = next(
+        build_dataset(
+            _config("data.batch_size=2", "data.n_mels=40", "data.reference_duration_s=1.0",
+                    f"data.cache_dir={tmp_path}"),
+            utterances,
+            training=True,
+        ).as_numpy_iterator()
+    )
+    assert base["mel"].shape[0] == 4 and changed["mel"].shape[0] == 2
+    assert base["mel"].shape[2] == 80 and changed["mel"].shape[2] == 40
+    assert changed["reference_mel"].shape[1] == 1 + 22050 // 256
+    assert any(p.name.startswith("train-") for p in tmp_path.iterdir())  # the on-disk cache was written
+
+    # Without bucketing, batches are padded to their own longest clip instead of a bucket size.
+    c = _config().data
+    unbucketed = build_dataset(_config(level="basic"), utterances, training=True)
+    lengths = [(b["mel"].shape[1], int(b["mel_length"].max())) for b in unbucketed.as_numpy_iterator()]
+    assert all(padded == longest for padded, longest in lengths)
+    assert any(padded not in c.bucket_mel_lengths for padded, _ in lengths)
+
+
+def test_empty_manifest_is_an_error():
+    with pytest.raises(ValueError, match="no utterances"):
+        build_dataset(_config(), [])
