@@ -116,6 +116,17 @@ class TrainingConfig:
     precision: Precision | None = None
     gradient_accumulation_steps: int = 0
     effective_batch_size: int = 32
+    optimizer: Literal["adamw", "prodigy"] = "adamw"
+    learning_rate: float = 1e-3
+    warmup_steps: int = 200
+    weight_decay: float = 0.01
+    clip_norm: float = 1.0
+    max_steps: int = 2000
+    steps_per_execution: int = 0
+    log_interval: int = 25
+    eval_interval: int = 200
+    checkpoint_interval: int = 200
+    max_nonfinite_steps: int = 25
 
 
 @dataclass
@@ -141,6 +152,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "data.cache_features": False,
         "data.prefetch_to_gpu": False,
         "data.bucketing": False,
+        "training.steps_per_execution": 1,
     },
     "enhanced": {
         "training.enable_graph_mode": True,
@@ -149,9 +161,12 @@ PRESETS: dict[str, dict[str, Any]] = {
         "data.cache_features": True,
         "data.prefetch_to_gpu": True,
         "data.bucketing": True,
+        "training.steps_per_execution": 1,
     },
 }
-PRESETS["experimental"] = {**PRESETS["enhanced"]}
+# Experimental: several train steps per compiled call (fewer host round trips; the progress bar and
+# callbacks then see every 4th step).
+PRESETS["experimental"] = {**PRESETS["enhanced"], "training.steps_per_execution": 4}
 
 
 def _round_up(value: int, multiple: int) -> int:
@@ -309,9 +324,10 @@ def get_value(config: Config, key: str) -> Any:
 
 
 def apply_preset(config: Config) -> None:
-    """Fill every key still `null` from the chosen optimization level."""
+    """Fill every key still `null` (or 0 for counts, meaning automatic) from the optimization level."""
     for key, value in PRESETS[config.training.optimization_level].items():
-        if get_value(config, key) is None:
+        current = get_value(config, key)
+        if current is None or (type(current) is int and current == 0):  # not `in (None, 0)`: False == 0
             set_value(config, key, value, source=f"preset {config.training.optimization_level}")
 
 
@@ -361,6 +377,12 @@ def validate(config: Config) -> None:
             problems.append(f"data.{key} must be >= 0 (0 = automatic), got {getattr(d, key)}")
     if t.gradient_accumulation_steps < 0:
         problems.append(f"training.gradient_accumulation_steps must be >= 0 (0 = automatic), got {t.gradient_accumulation_steps}")
+    for key in ("learning_rate", "max_steps", "log_interval", "eval_interval", "checkpoint_interval", "max_nonfinite_steps"):
+        if getattr(t, key) <= 0:
+            problems.append(f"training.{key} must be positive, got {getattr(t, key)}")
+    for key in ("warmup_steps", "weight_decay", "clip_norm", "steps_per_execution"):
+        if getattr(t, key) < 0:
+            problems.append(f"training.{key} must be >= 0, got {getattr(t, key)}")
     if t.effective_batch_size <= 0:
         problems.append(f"training.effective_batch_size must be positive, got {t.effective_batch_size}")
     if t.enable_xla_compilation and t.enable_graph_mode is False:

@@ -1,0 +1,1 @@
+"""The training loop: optimizers, the compiled train step, checkpoints, callbacks and `train()`."""

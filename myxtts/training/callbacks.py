@@ -1,0 +1,151 @@
+"""Callbacks around `Model.fit`: progress with ETA, checkpoints, signals, and fault stops.
+
+Keras' own TensorBoard callback writes the step's metrics; these add what Keras does not know
+about: our checkpoint layout and meta files, a stop at `max_steps` counted in optimizer updates
+(Keras counts micro-batches), SIGINT/SIGTERM handling, and stopping after a run of non-finite
+losses.
+"""
+
+from __future__ import annotations
+
+import math
+import signal
+import sys
+import time
+
+import keras
+import tensorflow as tf
+
+
+def optimizer_step(model) -> int:
+    return int(keras.ops.convert_to_numpy(model.optimizer.iterations))
+
+
+class ProgressLogger(keras.callbacks.Callback):
+    """One line every `interval` updates: losses, rate, step time, samples/s and ETA to max_steps.
+
+    Also writes step time and samples/s to TensorBoard next to the step's own metrics.
+    """
+
+    def __init__(self, interval: int, max_steps: int, samples_per_update: int, log_dir: str, echo=print):
+        super().__init__()
+        self.interval, self.max_steps, self.samples_per_update = interval, max_steps, samples_per_update
+        self.writer = tf.summary.create_file_writer(log_dir)
+        self.echo = echo
+        self._last = None  # (time, step)
+        self.history: list[dict] = []
+
+    def on_train_begin(self, logs=None):
+        self._last = (time.perf_counter(), optimizer_step(self.model))
+
+    def on_train_batch_end(self, batch, logs=None):
+        step = optimizer_step(self.model)
+        if step == self._last[1] or step % self.interval:
+            return
+        now = time.perf_counter()
+        seconds_per_step = (now - self._last[0]) / (step - self._last[1])
+        self._last = (now, step)
+        logs = {k: float(v) for k, v in (logs or {}).items()}
+        eta = seconds_per_step * max(self.max_steps - step, 0)
+        record = dict(step=step, step_time_s=seconds_per_step, samples_per_s=self.samples_per_update / seconds_per_step, **logs)
+        self.history.append(record)
+        with self.writer.as_default(step=step):
+            tf.summary.scalar("step_time_s", seconds_per_step)
+            tf.summary.scalar("samples_per_s", record["samples_per_s"])
+        self.echo(
+            f"step {step}/{self.max_steps}  loss {logs.get('loss', math.nan):.4f} (text {logs.get('text_loss', math.nan):.3f}"
+            f" mel {logs.get('mel_loss', math.nan):.4f} stop {logs.get('stop_loss', math.nan):.4f})"
+            f"  lr {logs.get('learning_rate', math.nan):.2e}  |g| {logs.get('grad_norm', math.nan):.2f}"
+            f"  {seconds_per_step * 1000:.0f} ms/step  {record['samples_per_s']:.1f} samples/s  ETA {_duration(eta)}"
+        )
+
+
+class CheckpointSaver(keras.callbacks.Callback):
+    """`latest` every `interval` updates, at the end, and on SIGINT/SIGTERM (then stops the run);
+    `best_text` / `best_mel` whenever validation improves."""
+
+    def __init__(self, checkpoints, interval: int, echo=print):
+        super().__init__()
+        self.checkpoints, self.interval, self.echo = checkpoints, interval, echo
+        self.best = {"val_text_loss": math.inf, "val_mel_loss": math.inf}
+        self.interrupted_by = None
+        self._previous_handlers = {}
+        self._last_saved = None
+
+    def on_train_begin(self, logs=None):
+        self._last_saved = optimizer_step(self.model)
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            try:
+                self._previous_handlers[sig] = signal.signal(sig, self._on_signal)
+            except ValueError:  # not the main thread (e.g. some test runners): no signal handling
+                pass
+
+    def _on_signal(self, signum, frame):
+        # Only set a flag: the save happens between steps, never in the middle of one.
+        self.interrupted_by = signal.Signals(signum).name
+        self.model.stop_training = True
+
+    def on_train_batch_end(self, batch, logs=None):
+        step = optimizer_step(self.model)
+        if self.interrupted_by:
+            self._save_latest(step, f"{self.interrupted_by} received")
+        elif step % self.interval == 0 and step != self._last_saved:
+            self._save_latest(step)
+
+    def on_epoch_end(self, epoch, logs=None):
+        step = optimizer_step(self.model)
+        for key, kind in (("val_text_loss", "best_text"), ("val_mel_loss", "best_mel")):
+            value = (logs or {}).get(key)
+            if value is not None and math.isfinite(value) and value < self.best[key]:
+                self.best[key] = float(value)
+                self.checkpoints.save(kind, step, **{key: float(value)})
+
+    def on_train_end(self, logs=None):
+        step = optimizer_step(self.model)
+        if step != self._last_saved:
+            self._save_latest(step)
+        for sig, handler in self._previous_handlers.items():
+            signal.signal(sig, handler)
+
+    def _save_latest(self, step: int, reason: str = "") -> None:
+        path = self.checkpoints.save("latest", step)
+        self._last_saved = step
+        if reason:
+            self.echo(f"{reason}: saved {path}; re-run the same command to resume")
+
+
+class StopAtStep(keras.callbacks.Callback):
+    def __init__(self, max_steps: int):
+        super().__init__()
+        self.max_steps = max_steps
+
+    def on_train_batch_end(self, batch, logs=None):
+        if optimizer_step(self.model) >= self.max_steps:
+            self.model.stop_training = True
+
+
+class NonFiniteGuard(keras.callbacks.Callback):
+    """Skipped steps are normal now and then (fp16 loss scaling); a long run of them is divergence."""
+
+    def __init__(self, max_in_a_row: int, echo=print):
+        super().__init__()
+        self.max_in_a_row, self.echo = max_in_a_row, echo
+        self.tripped = False
+
+    def on_train_batch_end(self, batch, logs=None):
+        if logs and int(logs.get("nonfinite_in_a_row", 0)) >= self.max_in_a_row:
+            self.tripped = True
+            self.model.stop_training = True
+            self.echo(
+                f"stopping: {self.max_in_a_row} non-finite losses in a row. The last good checkpoint is kept. "
+                "Lower training.learning_rate, keep training.clip_norm on, or try training.precision: fp32."
+            )
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(seconds)
+    return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
+
+
+def console_echo(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)

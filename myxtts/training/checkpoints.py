@@ -1,0 +1,107 @@
+"""Checkpoints: `latest` (periodic and on Ctrl-C/SIGTERM), `best_text` and `best_mel` (by validation).
+
+Written with `tf.train.CheckpointManager`, which writes the data files first and then atomically
+replaces the small state file that points at them, so a kill -9 mid-save leaves the previous
+checkpoint as the one that loads. Each checkpoint has a `ckpt-<step>.meta.json` beside it, written
+*before* the checkpoint itself, holding the step, the optimizer type and the full config.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import tensorflow as tf
+
+KINDS = ("latest", "best_text", "best_mel")
+
+
+class CheckpointError(RuntimeError):
+    pass
+
+
+@dataclass
+class Restored:
+    path: str
+    step: int
+    optimizer_restored: bool
+    message: str
+
+
+class Checkpoints:
+    def __init__(self, directory: str | os.PathLike, network, optimizer, optimizer_type: str, config_yaml: str):
+        self.root = Path(directory)
+        self.network, self.optimizer = network, optimizer
+        self.optimizer_type, self.config_yaml = optimizer_type, config_yaml
+        self._full = tf.train.Checkpoint(network=network, optimizer=optimizer)
+        self._managers = {
+            kind: tf.train.CheckpointManager(self._full, self.root / kind, max_to_keep=2 if kind == "latest" else 1)
+            for kind in KINDS
+        }
+
+    def save(self, kind: str, step: int, **extra) -> str:
+        manager = self._managers[kind]
+        meta = {"step": step, "optimizer": self.optimizer_type, "config": self.config_yaml, **extra}
+        meta_path = Path(manager.directory) / f"ckpt-{step}.meta.json"
+        meta_path.parent.mkdir(parents=True, exist_ok=True)
+        _write_atomically(meta_path, json.dumps(meta, indent=1))
+        path = manager.save(checkpoint_number=step)
+        self._remove_orphan_metas(manager)
+        return path
+
+    def latest_path(self, kind: str = "latest") -> str | None:
+        return self._managers[kind].latest_checkpoint
+
+    def restore(self, path: str | None = None) -> Restored:
+        """Restore `path` (default: the latest). Another optimizer's state is skipped, not loaded."""
+        path = path or self.latest_path()
+        if path is None:
+            raise CheckpointError(f"no checkpoint in {self.root / 'latest'}")
+        meta = read_meta(path)
+        if meta["optimizer"] == self.optimizer_type:
+            self._full.restore(path).assert_existing_objects_matched()
+            return Restored(path, meta["step"], True, f"resumed from {path} at step {meta['step']}")
+        tf.train.Checkpoint(network=self.network).restore(path).expect_partial().assert_existing_objects_matched()
+        return Restored(
+            path,
+            meta["step"],
+            False,
+            f"{path} was trained with {meta['optimizer']}, this run uses {self.optimizer_type}: "
+            f"loaded the weights only; the optimizer starts fresh (step count and schedule restart at 0)",
+        )
+
+    @staticmethod
+    def _remove_orphan_metas(manager) -> None:
+        kept = {Path(p).name for p in manager.checkpoints}
+        for meta in Path(manager.directory).glob("ckpt-*.meta.json"):
+            if meta.name.removesuffix(".meta.json") not in kept:
+                meta.unlink(missing_ok=True)
+
+
+def read_meta(checkpoint_path: str) -> dict:
+    meta_path = Path(f"{checkpoint_path}.meta.json")
+    try:
+        return json.loads(meta_path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise CheckpointError(f"{meta_path} is missing: {checkpoint_path} was not written by MyXTTS") from None
+
+
+def find_checkpoint(path: str | os.PathLike) -> str:
+    """A checkpoint prefix from a run folder, a checkpoint folder or a prefix; clear error otherwise."""
+    path = Path(path)
+    for folder in (path / "checkpoints" / "best_mel", path / "checkpoints" / "latest", path / "best_mel", path / "latest", path):
+        if folder.is_dir():
+            latest = tf.train.latest_checkpoint(str(folder))
+            if latest:
+                return latest
+    if Path(f"{path}.index").exists():
+        return str(path)
+    raise CheckpointError(f"no checkpoint found at {path} (give a run folder, e.g. runs/demo, or a checkpoint prefix)")
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    temporary = path.with_suffix(path.suffix + ".tmp")
+    temporary.write_text(text, encoding="utf-8")
+    os.replace(temporary, path)

@@ -1,0 +1,91 @@
+"""The compiled train and evaluation steps, as a Keras model that `Model.fit` drives.
+
+Keras already provides what the loop needs around the step (XLA via `jit_compile`,
+`steps_per_execution`, callbacks, TensorBoard, distribution strategies), so only the step itself is
+written here. It is one graph-safe function of a batch that returns a metrics dict:
+
+    forward -> masked losses -> scaled loss (fp16) -> gradients -> finite? apply : skip
+
+Clipping happens inside the optimizer (`global_clipnorm`), which `LossScaleOptimizer` calls only
+after unscaling, so it always sees true gradients.
+"""
+
+from __future__ import annotations
+
+import keras
+import tensorflow as tf
+
+from myxtts.models.losses import compute_losses
+
+LOSS_NAMES = ("loss", "text_loss", "mel_loss", "stop_loss")
+
+
+class TrainingModel(keras.Model):
+    """Holds the network and defines the steps; checkpoints store `network` and the optimizer."""
+
+    def __init__(self, network: keras.Model, **kwargs):
+        super().__init__(**kwargs)
+        self.network = network
+        self.loss_trackers = {name: keras.metrics.Mean(name=name) for name in LOSS_NAMES}
+        # Steps whose loss or gradients were not finite, in a row (reset by a good step).
+        self.nonfinite_in_a_row = keras.Variable(0, dtype="int32", trainable=False, name="nonfinite_in_a_row")
+
+    def call(self, batch, training=False):
+        return self.network(batch, training=training)
+
+    @property
+    def metrics(self):
+        return list(self.loss_trackers.values())
+
+    def train_step(self, batch):
+        with tf.GradientTape() as tape:
+            outputs = self.network(batch, training=True)
+            losses = compute_losses(batch, outputs)
+            scaled_loss = self.optimizer.scale_loss(losses["loss"])
+        variables = self.network.trainable_variables
+        gradients = tape.gradient(scaled_loss, variables)
+        loss_scale = self._loss_scale()
+        grad_norm = tf.linalg.global_norm(gradients) / loss_scale  # [] the unscaled norm
+        finite = tf.math.logical_and(tf.math.is_finite(losses["loss"]), tf.math.is_finite(grad_norm))
+
+        if isinstance(self.optimizer, keras.optimizers.LossScaleOptimizer):
+            # It skips non-finite steps itself and lowers the scale: that is normal in fp16.
+            self.optimizer.apply(gradients, variables)
+        else:
+            tf.cond(finite, lambda: self._apply(gradients, variables), lambda: tf.constant(False))
+        self.nonfinite_in_a_row.assign(tf.where(finite, 0, self.nonfinite_in_a_row + 1))
+
+        for name, tracker in self.loss_trackers.items():
+            # A skipped step's NaN would poison the running mean the progress bar shows.
+            tracker.update_state(tf.where(finite, losses[name], 0.0), sample_weight=tf.cast(finite, tf.float32))
+        logs = {name: tracker.result() for name, tracker in self.loss_trackers.items()}
+        logs.update(
+            grad_norm=grad_norm,
+            loss_scale=loss_scale,
+            nonfinite_in_a_row=self.nonfinite_in_a_row.value,
+            learning_rate=self._learning_rate_or_d(),
+        )
+        return logs
+
+    def test_step(self, batch):
+        losses = compute_losses(batch, self.network(batch, training=False))
+        for name, tracker in self.loss_trackers.items():
+            tracker.update_state(losses[name])
+        return {name: tracker.result() for name, tracker in self.loss_trackers.items()}
+
+    def _apply(self, gradients, variables):
+        self.optimizer.apply(gradients, variables)
+        return tf.constant(True)
+
+    def _loss_scale(self):
+        if isinstance(self.optimizer, keras.optimizers.LossScaleOptimizer):
+            return tf.cast(self.optimizer.dynamic_scale, tf.float32)
+        return tf.constant(1.0)
+
+    def _learning_rate_or_d(self):
+        """The learning rate, or for Prodigy its adapted step size d times the learning rate."""
+        inner = getattr(self.optimizer, "inner_optimizer", self.optimizer)
+        rate = tf.cast(inner.learning_rate, tf.float32)
+        if hasattr(inner, "d"):
+            rate = rate * tf.cast(inner.d, tf.float32)
+        return rate

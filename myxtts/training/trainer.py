@@ -1,0 +1,197 @@
+"""`train(config, workdir)`: everything between a resolved config and a trained, checkpointed model.
+
+    hardware plan -> precision policy -> datasets + vocabulary -> model + optimizer
+      -> resume? -> Model.fit(step-based "epochs" of `eval_interval` updates) -> checkpoints
+
+Keras "epochs" here are validation intervals, not passes over the data: the training set repeats
+forever and the run ends at `training.max_steps` optimizer updates, so resuming, accumulation and
+data size never change what a step means.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import keras
+import tensorflow as tf
+import yaml
+
+from myxtts import config as config_lib
+from myxtts.config import Config
+from myxtts.data.manifest import read_manifest, split_train_val
+from myxtts.data.pipeline import build_dataset
+from myxtts.data.text import Vocabulary
+from myxtts.hardware.detect import detect_machine
+from myxtts.hardware.plan import RequestedSettings, plan_for_machine
+from myxtts.hardware.report import short_summary
+from myxtts.models.xtts import XTTS
+from myxtts.training.callbacks import CheckpointSaver, NonFiniteGuard, ProgressLogger, StopAtStep, console_echo, optimizer_step
+from myxtts.training.checkpoints import Checkpoints, CheckpointError
+from myxtts.training.optimizers import build_optimizer
+from myxtts.training.step import TrainingModel
+
+@dataclass
+class TrainResult:
+    step: int
+    history: list[dict]
+    validation: dict
+    stopped_for_nonfinite: bool
+    interrupted_by: str | None
+    workdir: Path
+
+
+def resolve_hardware(config: Config, echo=console_echo) -> tuple[Config, str]:
+    """Fill every automatic value (batch, accumulation, workers, precision) from the hardware plan.
+
+    Returns the resolved config and the Keras dtype policy name.
+    """
+    t, d = config.training, config.data
+    facts = detect_machine()
+    plan = plan_for_machine(
+        facts,
+        model_size=config.model.size,
+        requested=RequestedSettings(
+            batch_size=d.batch_size,
+            gradient_accumulation_steps=t.gradient_accumulation_steps,
+            num_workers=d.num_workers,
+            precision=t.precision,
+            effective_batch_size=t.effective_batch_size,
+            xla=t.enable_xla_compilation,
+        ),
+    )
+    echo(short_summary(plan, facts))
+    resolved = dataclasses.replace(
+        config,
+        data=dataclasses.replace(d, batch_size=plan.batch_size, num_workers=plan.num_parallel_calls),
+        training=dataclasses.replace(t, gradient_accumulation_steps=plan.gradient_accumulation_steps),
+    )
+    if plan.tf32:
+        tf.config.experimental.enable_tensor_float_32_execution(True)
+    return resolved, plan.precision  # a Keras policy name; an explicit training.precision is honoured by the plan
+
+
+def load_splits(config: Config):
+    d = config.data
+    if not d.train_data:
+        raise config_lib.ConfigError("no training data: set data.train_data or pass --train-data (or use --demo)")
+    train = read_manifest(d.train_data)
+    if d.val_data:
+        return train, read_manifest(d.val_data)
+    return split_train_val(train, d.val_fraction, config.seed)
+
+
+def train(config: Config, workdir: str | Path, *, resume: str = "auto", epochs: float | None = None, echo=console_echo) -> TrainResult:
+    """Train (or resume) in `workdir`. `resume`: "auto" (if a checkpoint exists), "require", "reset".
+
+    `epochs`, when given, replaces training.max_steps by that many passes over the training set.
+    """
+    workdir = Path(workdir)
+    if resume == "reset" and (workdir / "checkpoints").exists():
+        shutil.rmtree(workdir / "checkpoints")
+        echo(f"--reset-training: removed {workdir / 'checkpoints'}")
+    workdir.mkdir(parents=True, exist_ok=True)
+
+    config, policy = resolve_hardware(config, echo)
+    keras.config.set_dtype_policy(policy)
+    keras.utils.set_random_seed(config.seed)
+    t, d = config.training, config.data
+    accumulation = max(t.gradient_accumulation_steps, 1)
+
+    train_rows, val_rows = load_splits(config)
+    if epochs is not None:
+        steps = math.ceil(epochs * len(train_rows) / (d.batch_size * accumulation))
+        config = dataclasses.replace(config, training=dataclasses.replace(t, max_steps=max(steps, 1)))
+        t = config.training
+    vocab_path = workdir / "vocab.txt"
+    # The vocabulary of a run is fixed at its start; a resumed run must tokenise the same way.
+    vocabulary = Vocabulary.load(vocab_path) if vocab_path.exists() else Vocabulary.from_texts(u.text for u in train_rows)
+    vocabulary.save(vocab_path)
+    config_lib.save_config(config, workdir / "config.yaml")
+    echo(f"data: {len(train_rows)} training and {len(val_rows)} validation clips, vocabulary of {len(vocabulary)} tokens")
+
+    network = XTTS(
+        vocab_size=len(vocabulary),
+        n_mels=d.n_mels,
+        size=config.model.size,
+        max_text_length=d.bucket_text_lengths[-1],
+        max_mel_frames=d.bucket_mel_lengths[-1],
+    )
+    model = TrainingModel(network)
+    optimizer = build_optimizer(t, accumulation)
+    if policy == "mixed_float16":
+        optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
+    model.compile(
+        optimizer=optimizer,
+        jit_compile=bool(t.enable_xla_compilation),
+        run_eagerly=not t.enable_graph_mode,
+        steps_per_execution=t.steps_per_execution,
+    )
+    train_ds = build_dataset(config, train_rows, training=True, vocabulary=vocabulary)
+    val_ds = build_dataset(config, val_rows, training=False, vocabulary=vocabulary) if val_rows else None
+    _build(model, train_ds)
+
+    checkpoints = Checkpoints(workdir / "checkpoints", network, optimizer, t.optimizer, yaml.safe_dump(config_lib.to_dict(config)))
+    start_step = 0
+    if resume != "reset":
+        try:
+            restored = checkpoints.restore()
+        except CheckpointError:
+            if resume == "require":
+                raise CheckpointError(f"--resume: no checkpoint to resume in {workdir / 'checkpoints' / 'latest'}") from None
+        else:
+            echo(restored.message)
+            start_step = optimizer_step(model)
+    if start_step >= t.max_steps:
+        echo(f"already at step {start_step} >= training.max_steps ({t.max_steps}); raise --max-steps to train further")
+
+    # Resume also continues the data order: replay the (seeded) stream up to where it stopped.
+    micro_steps_done = start_step * accumulation
+    train_stream = train_ds.repeat().skip(micro_steps_done)
+
+    progress = ProgressLogger(t.log_interval, t.max_steps, d.batch_size * accumulation, str(workdir / "logs" / "train"), echo)
+    saver = CheckpointSaver(checkpoints, t.checkpoint_interval, echo)
+    guard = NonFiniteGuard(t.max_nonfinite_steps, echo)
+    callbacks = [
+        StopAtStep(t.max_steps),
+        guard,
+        progress,
+        saver,
+        keras.callbacks.TensorBoard(str(workdir / "logs"), update_freq=t.log_interval * accumulation),
+    ]
+    interval = t.eval_interval * accumulation  # Keras counts micro-batches
+    total_micro_steps = t.max_steps * accumulation
+    validation = {}
+    if start_step < t.max_steps:
+        history = model.fit(
+            train_stream,
+            steps_per_epoch=interval,
+            epochs=math.ceil(total_micro_steps / interval),
+            initial_epoch=micro_steps_done // interval,
+            validation_data=val_ds,
+            callbacks=callbacks,
+            verbose=0,
+        )
+        validation = {k: v[-1] for k, v in history.history.items() if k.startswith("val_")}
+    return TrainResult(
+        step=optimizer_step(model),
+        history=progress.history,
+        validation=validation,
+        stopped_for_nonfinite=guard.tripped,
+        interrupted_by=saver.interrupted_by,
+        workdir=workdir,
+    )
+
+
+def _build(model: TrainingModel, dataset: tf.data.Dataset) -> None:
+    """Create every variable (network and optimizer) before restoring or compiling a step.
+
+    Restoring needs the variables to exist, and the step applies gradients under `tf.cond`, where
+    variables cannot be created.
+    """
+    batch = next(iter(dataset.take(1)))
+    model(batch, training=False)
+    model.optimizer.build(model.network.trainable_variables)

@@ -1,0 +1,104 @@
+#!/usr/bin/env python3
+"""Train MyXTTS: parse flags, build the config, call `train(config, workdir)`.
+
+    python train_main.py --demo                                   # synthesize the demo corpus, train the small model
+    python train_main.py --train-data DATA --val-data VAL --optimization-level enhanced
+
+Precedence: configs/config.yaml defaults < --config FILE < flags and --set key=value < the level's
+presets for keys left null. Run with --help for every flag.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent
+DEMO_CORPUS = ROOT / "demo_corpus"
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", help="YAML config (see configs/config.yaml for every key)")
+    p.add_argument("--train-data", help="LJSpeech folder, metadata.csv or JSONL manifest (data.train_data)")
+    p.add_argument("--val-data", help="validation set in the same formats (data.val_data); default: hold out data.val_fraction")
+    p.add_argument("--output-dir", "--checkpoint-dir", dest="output_dir", help="run folder: checkpoints, logs, vocab.txt, config.yaml (default runs/<config name>)")
+    p.add_argument("--batch-size", type=int, help="clips per batch per replica, 0 = automatic (data.batch_size)")
+    p.add_argument("--grad-accumulation", "--grad-accum", dest="grad_accumulation", type=int, help="micro-batches per update, 0 = automatic (training.gradient_accumulation_steps)")
+    p.add_argument("--num-workers", type=int, help="parallel input calls, 0 = automatic (data.num_workers)")
+    p.add_argument("--lr", type=float, help="peak learning rate (training.learning_rate)")
+    p.add_argument("--model-size", choices=["tiny", "small", "base"], help="model.size")
+    p.add_argument("--optimization-level", choices=["basic", "enhanced", "experimental"], help="preset for keys left null (see README)")
+    p.add_argument("--optimizer", choices=["adamw", "prodigy"], help="training.optimizer")
+    p.add_argument("--precision", choices=["auto", "bf16", "fp16", "fp32"], help="training.precision")
+    steps = p.add_mutually_exclusive_group()
+    steps.add_argument("--max-steps", type=int, help="optimizer updates to train for (training.max_steps)")
+    steps.add_argument("--epochs", type=float, help="passes over the training set, converted to training.max_steps")
+    again = p.add_mutually_exclusive_group()
+    again.add_argument("--resume", action="store_true", help="resume from the run folder's latest checkpoint; error if there is none (re-running without flags also resumes when one exists)")
+    again.add_argument("--reset-training", action="store_true", help="delete the run folder's checkpoints and start from scratch")
+    p.add_argument("--enable-eager-debug", action="store_true", help="run the step eagerly, without tf.function or XLA (slow; for debugging)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override any config key, e.g. --set data.cache_dir=/tmp/cache (repeatable)")
+    p.add_argument("--demo", action="store_true", help="build the demo corpus if absent and train the small model on it (configs/demo.yaml)")
+    return p.parse_args(argv)
+
+
+def build_config(args: argparse.Namespace):
+    from myxtts.config import load_config
+
+    config_path = args.config or (ROOT / "configs" / "demo.yaml" if args.demo else None)
+    flags = {
+        "data.train_data": args.train_data,
+        "data.val_data": args.val_data,
+        "data.batch_size": args.batch_size,
+        "data.num_workers": args.num_workers,
+        "training.gradient_accumulation_steps": args.grad_accumulation,
+        "training.learning_rate": args.lr,
+        "model.size": args.model_size,
+        "training.optimizer": args.optimizer,
+        "training.precision": args.precision,
+        "training.max_steps": args.max_steps,
+    }
+    overrides = [f"{key}={value}" for key, value in flags.items() if value is not None]
+    if args.enable_eager_debug:
+        overrides += ["training.enable_graph_mode=false", "training.enable_xla_compilation=false"]
+    config = load_config(config_path, overrides=overrides + args.set, optimization_level=args.optimization_level)
+    if args.demo and not args.train_data:
+        config.data.train_data = str(DEMO_CORPUS)
+    return config, config_path
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    from myxtts.config import ConfigError
+
+    try:
+        config, config_path = build_config(args)
+    except ConfigError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    if args.demo and config.data.train_data == str(DEMO_CORPUS):
+        from myxtts.data.demo_corpus import make_demo_corpus
+
+        make_demo_corpus(DEMO_CORPUS)
+    name = Path(config_path).stem if config_path else "run"
+    workdir = Path(args.output_dir or ROOT / "runs" / ("demo" if args.demo else name))
+
+    from myxtts.training.checkpoints import CheckpointError
+    from myxtts.training.trainer import train
+
+    resume = "require" if args.resume else "reset" if args.reset_training else "auto"
+    try:
+        result = train(config, workdir, resume=resume, epochs=args.epochs)
+    except (ConfigError, CheckpointError, FileNotFoundError, ValueError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    print(f"finished at step {result.step}; run folder: {workdir}", file=sys.stderr)
+    if result.stopped_for_nonfinite:
+        return 3
+    return 130 if result.interrupted_by else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
