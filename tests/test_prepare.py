@@ -1,0 +1,341 @@
+"""Tests for myxtts.data.prepare and utilities/prepare_dataset.py on real, deliberately broken files."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import importlib.util
+import json
+import os
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile
+import soxr
+
+from myxtts.data.manifest import Utterance, read_manifest
+from myxtts.data.prepare import BadAudioFile, prepare_dataset, read_wav_header
+
+RATE = 22050
+REPOSITORY_ROOT = Path(__file__).resolve().parent.parent
+
+
+def tone(seconds, rate, channels=1, amplitude=0.5):
+    """A chirp-ish test signal: [frames] or [frames, channels], each channel different."""
+    t = np.arange(int(round(seconds * rate))) / rate
+    columns = [amplitude * np.sin(2 * np.pi * (220 + 110 * c) * t * (1 + t)) for c in range(channels)]
+    signal = np.stack(columns, axis=1).astype(np.float32)
+    return signal[:, 0] if channels == 1 else signal
+
+
+def write_wav(path, seconds=1.0, rate=RATE, channels=1, subtype="PCM_16", fmt=None, amplitude=0.5):
+    soundfile.write(path, tone(seconds, rate, channels, amplitude), rate, subtype=subtype, format=fmt)
+
+
+def build_corpus(folder: Path, rows: list[str]) -> Path:
+    (folder / "wavs").mkdir(parents=True, exist_ok=True)
+    (folder / "metadata.csv").write_bytes(b"".join(row.encode("utf-8") + b"\n" for row in rows))
+    return folder
+
+
+def read_rejections(path):
+    with open(path, encoding="utf-8") as handle:
+        header, *lines = handle.read().splitlines()
+    assert header.split("\t") == ["line", "audio_path", "reason", "detail"]
+    rows = [line.split("\t") for line in lines]
+    assert all(len(row) == 4 and row[3] for row in rows)
+    assert [int(row[0]) for row in rows] == sorted(int(row[0]) for row in rows)  # in manifest order
+    return {int(row[0]): (row[1], row[2]) for row in rows}
+
+
+@pytest.fixture
+def broken_corpus(tmp_path):
+    corpus = tmp_path / "corpus"
+    wavs = corpus / "wavs"
+    wavs.mkdir(parents=True)
+    write_wav(wavs / "good.wav", 1.0)
+    (wavs / "not_audio.wav").write_text("this is a text file, not a RIFF header\n" * 20)
+    write_wav(wavs / "cut.wav", 2.0)
+    data = (wavs / "cut.wav").read_bytes()
+    (wavs / "cut.wav").write_bytes(data[: len(data) // 2])  # header still claims 2 s
+    soundfile.write(wavs / "cut_flac.flac", tone(2.0, 44100), 44100)
+    data = (wavs / "cut_flac.flac").read_bytes()
+    (wavs / "cut_flac.flac").write_bytes(data[: len(data) // 2])
+    (wavs / "empty.wav").write_bytes(b"")
+    write_wav(wavs / "no_frames.wav", 0.0)
+    write_wav(wavs / "short.wav", 0.2)
+    write_wav(wavs / "long.wav", 3.0)
+    write_wav(wavs / "empty_text.wav")
+    write_wav(wavs / "bad_text.wav")
+    (corpus / "metadata.csv").write_bytes(
+        b"good|Good, \"fine\" row.|Good, \"fine\" row.\n"   # 1
+        b"missing|Missing file.|Missing file.\n"           # 2
+        b"not_audio|Text file.|Text file.\n"               # 3
+        b"cut|Truncated.|Truncated.\n"                     # 4
+        b"empty|Empty file.|Empty file.\n"                 # 5
+        b"no_frames|No frames.|No frames.\n"               # 6
+        b"short|Too short.|Too short.\n"                   # 7
+        b"long|Too long.|Too long.\n"                      # 8
+        b"empty_text| | \n"                                # 9
+        b"bad_text|caf\xe9|caf\xe9\n"                      # 10
+        b"only|two fields\n"                               # 11
+    )
+    jsonl_row = {"audio_path": "wavs/cut_flac.flac", "text": "Cut FLAC."}
+    (corpus / "extra.jsonl").write_text(json.dumps(jsonl_row) + "\n")
+    return corpus
+
+
+def test_every_reject_reason_on_real_files(broken_corpus, tmp_path, capsys):
+    report = prepare_dataset(
+        broken_corpus, tmp_path / "out", min_duration_s=0.5, max_duration_s=2.5, workers=1, progress=True
+    )
+
+    rejected = read_rejections(report.rejected_path)
+    reasons = {line: reason for line, (_, reason) in rejected.items()}
+    assert reasons == {
+        2: "missing_file",
+        3: "not_audio",
+        4: "truncated",
+        5: "zero_length",
+        6: "zero_length",
+        7: "too_short",
+        8: "too_long",
+        9: "empty_text",
+        10: "undecodable_text",
+        11: "malformed_row",
+    }
+    assert rejected[2][0] == str(broken_corpus / "wavs" / "missing.wav")
+    assert rejected[10][0] == str(broken_corpus / "wavs" / "bad_text.wav")  # named although undecodable
+    assert report.kept == 1 and report.rows == 11
+    assert report.rejected_by_reason["zero_length"] == 2
+    assert read_manifest(report.manifest_path) == [
+        Utterance(str(broken_corpus / "wavs" / "good.wav"), 'Good, "fine" row.', "corpus", 1.0)
+    ]
+    captured = capsys.readouterr()
+    assert "checking audio: 8/8 files" in captured.err
+    assert "kept 1" in captured.out and "rejected too_long: 1" in captured.out
+
+    # A truncated FLAC fails to decode partway; a header-vs-data check or a decode error
+    # must catch it, never a silently shortened clip.
+    flac_report = prepare_dataset(broken_corpus / "extra.jsonl", tmp_path / "out_flac", workers=1, progress=False)
+    assert flac_report.kept == 0
+    assert [r.reason for r in flac_report.rejections] in (["corrupt"], ["truncated"])
+    assert not list((tmp_path / "out_flac").glob("audio/**/*.wav*"))  # no half-written output
+
+
+@pytest.mark.skipif("MP3" not in soundfile.available_formats(), reason="libsndfile without MP3")
+def test_cut_mp3_is_truncated_but_a_whole_one_is_kept(tmp_path):
+    soundfile.write(tmp_path / "whole.mp3", tone(2.0, 44100), 44100, format="MP3")
+    data = (tmp_path / "whole.mp3").read_bytes()
+    (tmp_path / "cut.mp3").write_bytes(data[: len(data) // 2])  # the Xing header still says 2 s
+    rows = [{"audio_path": "whole.mp3", "text": "a"}, {"audio_path": "cut.mp3", "text": "b"}]
+    (tmp_path / "m.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+    report = prepare_dataset(tmp_path / "m.jsonl", tmp_path / "out", workers=1, progress=False)
+
+    assert report.kept == 1
+    assert [(r.line, r.reason) for r in report.rejections] == [(2, "truncated")]
+
+
+def test_wav_header_check_compares_claimed_and_held_frames(tmp_path):
+    path = tmp_path / "a.wav"
+    write_wav(path, 1.0)
+    header = read_wav_header(str(path))
+    assert (header.frames, header.sample_rate, header.channels) == (RATE, RATE, 1)
+    assert header.decodable_by_tf(RATE) and not header.decodable_by_tf(16000)
+    path.write_bytes(path.read_bytes()[:-2])  # one frame short
+    with pytest.raises(BadAudioFile, match="holds only 22049") as caught:
+        read_wav_header(str(path))
+    assert caught.value.reason == "truncated"
+    (tmp_path / "b.wav").write_bytes(b"not a wav")
+    assert read_wav_header(str(tmp_path / "b.wav")) is None
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"format_tag": 0xFFFE},  # WAVE_FORMAT_EXTENSIBLE: tf.audio.decode_wav wants tag 1
+        {"fmt_chunk_size": 40},  # ... and a 16- or 18-byte fmt chunk
+        {"bits_per_sample": 24},
+        {"channels": 2, "block_align": 4},
+        {"sample_rate": 44100},
+        {"data_size": 2 * RATE + 1},  # not a whole number of frames
+        {"layout_ok_for_tf": False},
+    ],
+)
+def test_each_header_field_decides_whether_tf_can_decode(tmp_path, change):
+    write_wav(tmp_path / "a.wav")
+    header = read_wav_header(str(tmp_path / "a.wav"))
+    assert header.decodable_by_tf(RATE)
+    assert not dataclasses.replace(header, **change).decodable_by_tf(RATE)
+
+
+def odd_chunk_wav(path):
+    """A valid RIFF file with an odd-sized chunk before the data, which tf.audio.decode_wav misreads."""
+    write_wav(path, 1.0)
+    data = path.read_bytes()
+    extra = b"LIST" + struct.pack("<I", 5) + b"INFOx" + b"\0"  # pad byte, as RIFF requires
+    data = data[:36] + extra + data[36:]
+    path.write_bytes(data[:4] + struct.pack("<I", len(data) - 8) + data[8:])
+
+
+CONVERSIONS = {
+    "flac_44k.flac": lambda p: soundfile.write(p, tone(1.0, 44100), 44100),
+    "pcm24.wav": lambda p: write_wav(p, subtype="PCM_24"),
+    "float.wav": lambda p: write_wav(p, subtype="FLOAT", amplitude=1.3),  # over full scale: must clip
+    "stereo.wav": lambda p: write_wav(p, channels=2),
+    "rate_44k.wav": lambda p: write_wav(p, rate=44100),
+    "wavex.wav": lambda p: write_wav(p, fmt="WAVEX"),
+    "odd_chunk.wav": odd_chunk_wav,
+    "vorbis.ogg": lambda p: soundfile.write(p, tone(1.0, 48000), 48000),
+}
+if "MP3" in soundfile.available_formats():  # libsndfile >= 1.1 built with mpg123 and LAME
+    CONVERSIONS["mpeg.mp3"] = lambda p: soundfile.write(p, tone(1.0, 44100), 44100, format="MP3")
+
+
+def fingerprint(folder):
+    return {p.name: (hashlib.sha256(p.read_bytes()).hexdigest(), p.stat().st_mtime_ns) for p in folder.iterdir()}
+
+
+def test_conversions_originals_and_rerun(tmp_path):
+    source = tmp_path / "src"
+    source.mkdir()
+    for name, make in CONVERSIONS.items():
+        make(source / name)
+    write_wav(source / "compliant.wav")
+    names = [*CONVERSIONS, "compliant.wav"]
+    manifest = source / "list.jsonl"
+    manifest.write_text("".join(json.dumps({"audio_path": n, "text": n}) + "\n" for n in names))
+    before = fingerprint(source)
+    out = tmp_path / "out"
+
+    report = prepare_dataset(manifest, out, workers=2, progress=False)
+
+    n = len(CONVERSIONS)
+    assert (report.kept, report.converted, report.in_place, report.skipped_conversions) == (n + 1, n, 1, 0)
+    assert report.workers == 2  # the conversions really ran in worker processes
+    utterances = {os.path.basename(u.text): u for u in read_manifest(report.manifest_path)}
+    assert utterances["compliant.wav"].audio_path == str(source / "compliant.wav")  # in place, no copy
+    for name in CONVERSIONS:
+        converted = utterances[name].audio_path
+        assert converted == str(out / "audio" / (os.path.splitext(name)[0] + ".wav"))
+        info = soundfile.info(converted)
+        assert (info.format, info.subtype, info.channels, info.samplerate) == ("WAV", "PCM_16", 1, RATE), name
+        assert read_wav_header(converted).decodable_by_tf(RATE)
+        assert utterances[name].duration_s == pytest.approx(1.0, abs=0.01)
+        assert utterances[name].duration_s == info.frames / RATE
+    assert fingerprint(source) == before  # originals never modified
+
+    # Against an independent reference: channel average, then soxr at the same quality.
+    for name, rate in (("stereo.wav", RATE), ("rate_44k.wav", 44100), ("flac_44k.flac", 44100)):
+        original, _ = soundfile.read(source / name, dtype="float32", always_2d=True)
+        expected = soxr.resample(original.mean(axis=1), rate, RATE, quality="HQ")
+        converted, _ = soundfile.read(utterances[name].audio_path, dtype="float32")
+        np.testing.assert_allclose(converted, expected, atol=2.0 / 32768, err_msg=name)
+    clipped, _ = soundfile.read(utterances["float.wav"].audio_path, dtype="float32")
+    original, _ = soundfile.read(source / "float.wav", dtype="float32")
+    assert original.max() > 1.2  # the case under test: samples beyond full scale
+    np.testing.assert_allclose(clipped, np.clip(original, -1, 1), atol=2.0 / 32768)  # clipped, not wrapped
+
+    # Rerun: every conversion is skipped, outputs untouched.
+    outputs_before = fingerprint(out / "audio")
+    rerun = prepare_dataset(manifest, out, workers=1, progress=False)
+    assert (rerun.converted, rerun.skipped_conversions, rerun.in_place) == (0, n, 1)
+    assert fingerprint(out / "audio") == outputs_before
+    assert read_manifest(rerun.manifest_path) == read_manifest(report.manifest_path)
+    assert f"{n} skipped as already converted" in rerun.summary()
+
+    # A source edited after its conversion is converted again; so is everything at a new rate.
+    stereo = source / "stereo.wav"
+    os.utime(stereo, ns=(stereo.stat().st_atime_ns, os.stat(out / "audio" / "stereo.wav").st_mtime_ns + 10**9))
+    assert prepare_dataset(manifest, out, workers=1, progress=False).converted == 1
+    resampled = prepare_dataset(manifest, out, sample_rate=16000, workers=1, progress=False)
+    assert (resampled.converted, resampled.in_place) == (n + 1, 0)
+    assert soundfile.info(str(out / "audio" / "compliant.wav")).samplerate == 16000
+
+
+def test_header_verdict_matches_tensorflow_and_every_output_decodes(tmp_path):
+    tf = pytest.importorskip("tensorflow")
+
+    def tf_decodes(path):
+        try:
+            audio, rate = tf.audio.decode_wav(tf.io.read_file(str(path)))
+        except tf.errors.InvalidArgumentError:
+            return None
+        return tuple(audio.shape), int(rate)
+
+    source = tmp_path / "src"
+    source.mkdir()
+    for name, make in CONVERSIONS.items():
+        make(source / name)
+    write_wav(source / "compliant.wav")
+    for path in source.glob("*.wav"):
+        header = read_wav_header(str(path))
+        assert header.decodable_by_tf(RATE) == (tf_decodes(path) == ((RATE, 1), RATE)), path.name
+
+    rows = [{"audio_path": p.name, "text": p.name} for p in sorted(source.iterdir())]
+    (source / "m.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    report = prepare_dataset(source / "m.jsonl", tmp_path / "out", workers=1, progress=False)
+    assert report.kept == len(rows)
+    for utterance in read_manifest(report.manifest_path):
+        assert tf_decodes(utterance.audio_path) == ((round(utterance.duration_s * RATE), 1), RATE)
+
+
+def test_clashing_and_outside_names_do_not_overwrite(tmp_path):
+    source = tmp_path / "src"
+    source.mkdir()
+    soundfile.write(source / "a.flac", tone(1.0, RATE), RATE)
+    soundfile.write(source / "a.ogg", tone(1.0, RATE), RATE)
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    soundfile.write(outside / "b.flac", tone(1.0, RATE), RATE)
+    rows = [{"audio_path": "a.flac", "text": "x"}, {"audio_path": "a.ogg", "text": "y"},
+            {"audio_path": str(outside / "b.flac"), "text": "z"}]
+    (source / "m.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+    report = prepare_dataset(source / "m.jsonl", tmp_path / "out", workers=1, progress=False)
+
+    paths = [u.audio_path for u in read_manifest(report.manifest_path)]
+    assert len(set(paths)) == 3 and all(p.startswith(str(tmp_path / "out" / "audio")) for p in paths)
+    assert paths[0].endswith("a.flac.wav") and paths[1].endswith("a.ogg.wav")
+
+
+def load_cli():
+    spec = importlib.util.spec_from_file_location("prepare_dataset_cli", REPOSITORY_ROOT / "utilities" / "prepare_dataset.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_cli_exit_codes_and_config(tmp_path, capsys):
+    cli = load_cli()
+    assert cli.main(["--input", str(tmp_path / "nope"), "--output", str(tmp_path / "o")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+
+    corpus = build_corpus(tmp_path / "bad", ["x|missing|missing"])
+    assert cli.main(["--input", str(corpus), "--output", str(tmp_path / "o"), "--quiet"]) == 1
+    assert "every one of the 1 rows was rejected (missing_file: 1)" in capsys.readouterr().err
+
+    corpus = build_corpus(tmp_path / "ok", ["a|one|one", "b|two|two"])
+    write_wav(corpus / "wavs" / "a.wav", 1.0)
+    write_wav(corpus / "wavs" / "b.wav", 4.5)
+    config = tmp_path / "config.yaml"
+    config.write_text("data:\n  sample_rate: 16000\n  min_duration_s: 0.3\n  max_duration_s: 4.0\n")
+    assert cli.main(["--input", str(corpus), "--output", str(tmp_path / "o"), "--config", str(config),
+                     "--workers", "1", "--quiet"]) == 0
+    assert capsys.readouterr().out == ""  # --quiet
+    (kept,) = read_manifest(tmp_path / "o")
+    assert soundfile.info(kept.audio_path).samplerate == 16000  # the config's rate, not the default
+    assert read_rejections(tmp_path / "o" / "rejected.tsv")[2][1] == "too_long"
+
+
+def test_demo_corpus_is_used_in_place(demo_corpus, tmp_path):
+    report = prepare_dataset(demo_corpus, tmp_path / "out", workers=1, progress=False)
+    assert (report.rows, report.kept, report.in_place, report.converted) == (24, 24, 24, 0)
+    prepared = read_manifest(report.manifest_path)
+    assert [(u.audio_path, u.text, u.speaker) for u in prepared] == [
+        (u.audio_path, u.text, u.speaker) for u in read_manifest(demo_corpus)
+    ]
+    assert len({u.speaker for u in prepared}) > 1  # the 4th metadata field, not the folder name
