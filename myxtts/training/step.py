@@ -29,6 +29,8 @@ class TrainingModel(keras.Model):
         self.loss_trackers = {name: keras.metrics.Mean(name=name) for name in LOSS_NAMES}
         # Steps whose loss or gradients were not finite, in a row (reset by a good step).
         self.nonfinite_in_a_row = keras.Variable(0, dtype="int32", trainable=False, name="nonfinite_in_a_row")
+        # Python code in a step runs only while tracing: this counts traces, not steps.
+        self.train_step_traces = 0
 
     def call(self, batch, training=False):
         return self.network(batch, training=training)
@@ -38,12 +40,17 @@ class TrainingModel(keras.Model):
         return list(self.loss_trackers.values())
 
     def train_step(self, batch):
+        self.train_step_traces += 1
         with tf.GradientTape() as tape:
             outputs = self.network(batch, training=True)
             losses = compute_losses(batch, outputs)
             scaled_loss = self.optimizer.scale_loss(losses["loss"])
         variables = self.network.trainable_variables
-        gradients = tape.gradient(scaled_loss, variables)
+        # Embedding gradients arrive as IndexedSlices, which Keras' gradient accumulation sums
+        # wrongly (measured: wrong updates with gradient_accumulation_steps=2). A character
+        # vocabulary is small, so dense gradients cost nothing worth keeping the sparse form for.
+        gradients = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g
+                     for g in tape.gradient(scaled_loss, variables)]
         loss_scale = self._loss_scale()
         grad_norm = tf.linalg.global_norm(gradients) / loss_scale  # [] the unscaled norm
         finite = tf.math.logical_and(tf.math.is_finite(losses["loss"]), tf.math.is_finite(grad_norm))

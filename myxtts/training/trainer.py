@@ -42,6 +42,7 @@ class TrainResult:
     stopped_for_nonfinite: bool
     interrupted_by: str | None
     workdir: Path
+    train_function_traces: int
 
 
 def resolve_hardware(config: Config, echo=console_echo) -> tuple[Config, str]:
@@ -183,6 +184,7 @@ def train(config: Config, workdir: str | Path, *, resume: str = "auto", epochs: 
         stopped_for_nonfinite=guard.tripped,
         interrupted_by=saver.interrupted_by,
         workdir=workdir,
+        train_function_traces=model.train_step_traces,
     )
 
 

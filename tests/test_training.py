@@ -1,0 +1,157 @@
+"""The training loop on the tiny model: accumulation, faults, precision, compilation, checkpoints."""
+
+import math
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from myxtts.config import load_config
+from myxtts.data.manifest import read_manifest
+from myxtts.data.pipeline import build_dataset
+from myxtts.data.text import Vocabulary
+from myxtts.models.xtts import XTTS
+from myxtts.training.checkpoints import Checkpoints
+from myxtts.training.step import TrainingModel
+from myxtts.training.trainer import train
+
+
+def _config(corpus, *overrides):
+    return load_config(
+        overrides=[
+            f"data.train_data={corpus}",
+            "model.size=tiny",
+            "data.batch_size=4",
+            "data.deterministic=true",
+            "data.max_duration_s=6.0",
+            "data.bucket_boundaries_s=[3.0, 6.0]",  # two buckets: two compiled shapes at most
+            "training.gradient_accumulation_steps=1",
+            "training.precision=fp32",
+            "training.enable_xla_compilation=false",  # XLA gains nothing on this CPU and compiles slowly
+            "training.log_interval=1",
+            "training.warmup_steps=2",
+            *overrides,
+        ]
+    )
+
+
+@pytest.fixture(scope="module")
+def setup(demo_corpus):
+    config = _config(demo_corpus)
+    rows = read_manifest(demo_corpus)
+    vocabulary = Vocabulary.from_texts(u.text for u in rows)
+    batch = next(iter(build_dataset(config, rows, training=False, vocabulary=vocabulary)))
+    return config, vocabulary, batch
+
+
+@pytest.fixture(autouse=True)
+def float32_policy():
+    yield
+    keras.config.set_dtype_policy("float32")
+
+
+def _model(vocabulary, config, optimizer, seed=0):
+    keras.utils.set_random_seed(seed)
+    network = XTTS(vocab_size=len(vocabulary), n_mels=config.data.n_mels, size="tiny",
+                   max_text_length=config.data.bucket_text_lengths[-1], max_mel_frames=config.data.bucket_mel_lengths[-1])
+    model = TrainingModel(network)
+    model.compile(optimizer=optimizer, jit_compile=False)
+    return model
+
+
+def _weights(model):
+    return [w.numpy().copy() for w in model.network.trainable_variables]
+
+
+def _slice(batch, start, stop):
+    return {k: v[start:stop] for k, v in batch.items()}
+
+
+def test_accumulation_matches_one_big_batch(setup):
+    config, vocabulary, batch = setup
+    # SGD makes the update proportional to the gradient, so the comparison is of the accumulation
+    # itself (Adam's first step is +-lr per element and would amplify rounding near zero).
+    big = _model(vocabulary, config, keras.optimizers.SGD(0.5))
+    small = _model(vocabulary, config, keras.optimizers.SGD(0.5, gradient_accumulation_steps=2))
+    for model in (big, small):
+        model(batch)
+        model.optimizer.build(model.network.trainable_variables)
+    small.network.set_weights(big.network.get_weights())
+    big.train_step(batch)  # one update from 4 clips
+    before = _weights(small)
+    small.train_step(_slice(batch, 0, 2))  # accumulates, does not update yet
+    assert all(np.array_equal(a, b) for a, b in zip(before, _weights(small)))
+    small.train_step(_slice(batch, 2, 4))  # the update from the average of the two micro-batches
+    for a, b in zip(_weights(big), _weights(small)):
+        np.testing.assert_allclose(a, b, atol=1e-6)  # fp32 summation order only
+
+
+def test_nonfinite_loss_skips_the_update(setup):
+    config, vocabulary, batch = setup
+    model = _model(vocabulary, config, keras.optimizers.AdamW(1e-3))
+    model(batch)
+    model.optimizer.build(model.network.trainable_variables)
+    poisoned = dict(batch, mel=tf.tensor_scatter_nd_update(batch["mel"], [[0, 0, 0]], [math.nan]))
+    before = _weights(model)
+    logs = model.train_step(poisoned)
+    assert int(logs["nonfinite_in_a_row"]) == 1 and not math.isfinite(float(logs["grad_norm"]))
+    assert all(np.array_equal(a, b) for a, b in zip(before, _weights(model)))
+    logs = model.train_step(batch)
+    assert int(logs["nonfinite_in_a_row"]) == 0
+    assert any(not np.array_equal(a, b) for a, b in zip(before, _weights(model)))
+
+
+def test_fp16_loss_scaling_path_runs(setup):
+    config, vocabulary, batch = setup
+    keras.config.set_dtype_policy("mixed_float16")
+    model = _model(vocabulary, config, keras.optimizers.LossScaleOptimizer(keras.optimizers.AdamW(1e-3, global_clipnorm=1.0)))
+    model(batch)
+    model.optimizer.build(model.network.trainable_variables)
+    logs = tf.function(model.train_step)(batch)
+    assert float(logs["loss_scale"]) > 1 and math.isfinite(float(logs["loss"]))
+    assert math.isfinite(float(logs["grad_norm"]))  # unscaled before it is reported
+
+
+def test_end_to_end_resume_optimizer_switch_and_no_recompilation(demo_corpus, tmp_path):
+    # One test, because every train() call pays for tracing the step: keep their number small.
+    # Straight: 6 updates. Split: 3 updates, stop, then resume to 6 in the same folder.
+    config = _config(demo_corpus, "training.max_steps=6", "training.eval_interval=3", "training.checkpoint_interval=3")
+    straight = train(config, tmp_path / "straight")
+    assert straight.step == 6 and len(straight.history) == 6
+    shapes = {tuple(b["mel"].shape) for b in build_dataset(config, read_manifest(demo_corpus)).as_numpy_iterator()}
+    assert 1 <= straight.train_function_traces <= len(shapes) <= 2  # no retracing per batch
+    assert all(math.isfinite(r["loss"]) for r in straight.history)
+    assert set(straight.validation) >= {"val_loss", "val_text_loss", "val_mel_loss", "val_stop_loss"}
+    for kind in ("latest", "best_text", "best_mel"):
+        assert list((tmp_path / "straight" / "checkpoints" / kind).glob("ckpt-*.index")), kind
+    assert (tmp_path / "straight" / "vocab.txt").exists() and (tmp_path / "straight" / "config.yaml").exists()
+
+    first = train(_config(demo_corpus, "training.max_steps=3", "training.eval_interval=3"), tmp_path / "split")
+    assert first.step == 3
+    resumed = train(_config(demo_corpus, "training.max_steps=6", "training.eval_interval=3"), tmp_path / "split")
+    assert resumed.step == 6 and [r["step"] for r in resumed.history] == [4, 5, 6]
+    # Same data order and optimizer state after the resume: the same losses and weights. Parallel CPU
+    # kernels may sum in another order between runs, hence a tolerance rather than equality.
+    np.testing.assert_allclose([r["loss"] for r in resumed.history], [r["loss"] for r in straight.history[3:]], rtol=1e-4)
+    straight_ckpt, split_ckpt = (_checkpoint_tensors(tmp_path / name) for name in ("straight", "split"))
+    assert straight_ckpt.keys() == split_ckpt.keys() and len(straight_ckpt) > 50
+    assert int(straight_ckpt["optimizer/_iterations"]) == int(split_ckpt["optimizer/_iterations"]) == 6
+    for name, value in straight_ckpt.items():
+        np.testing.assert_allclose(split_ckpt[name], value, atol=1e-5, err_msg=name)
+
+    # A checkpoint from another optimizer: weights load, optimizer state is skipped, and we say so.
+    messages = []
+    switched = train(_config(demo_corpus, "training.max_steps=1", "training.optimizer=prodigy", "training.learning_rate=1.0"),
+                     tmp_path / "straight", echo=messages.append)
+    assert any("trained with adamw" in m and "weights only" in m for m in messages), messages
+    assert switched.step == 1  # the fresh optimizer counts from 0 again
+
+
+def _checkpoint_tensors(workdir):
+    """Every numeric tensor of the run's latest checkpoint (network and optimizer state), without
+    `save_counter`: how many saves a run made is bookkeeping, and a resumed run makes more."""
+    reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(str(workdir / "checkpoints" / "latest")))
+    tensors = {name.removesuffix("/.ATTRIBUTES/VARIABLE_VALUE"): reader.get_tensor(name) for name in reader.get_variable_to_shape_map()}
+    return {name: value for name, value in tensors.items()
+            if name != "save_counter" and not isinstance(value, bytes)}
