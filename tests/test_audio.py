@@ -118,3 +118,37 @@ def test_peak_normalize():
     np.testing.assert_allclose(audio.peak_normalize(x, 0.8).numpy(), [0.2, -0.8, 0.4], rtol=1e-6)
     assert np.all(audio.peak_normalize(np.zeros(4, np.float32), 0.8).numpy() == 0)
     np.testing.assert_array_equal(audio.peak_normalize(x, 0.0), x)
+
+
+@pytest.mark.parametrize("subtype, channels", [("PCM_16", 1), ("PCM_16", 2), ("PCM_24", 1), ("FLOAT", 1)])
+def test_load_wav_fast_and_fallback_paths_match_soundfile(tmp_path, subtype, channels):
+    rng = np.random.default_rng(0)
+    audio_in = rng.uniform(-0.9, 0.9, (4410, channels))
+    path = tmp_path / f"{subtype}_{channels}.wav"
+    soundfile.write(path, audio_in, 22050, subtype=subtype)
+    expected = soundfile.read(path, dtype="float32", always_2d=True)[0].mean(axis=1)
+    if subtype in ("PCM_24", "FLOAT"):  # tf.audio.decode_wav reads neither: the caller must convert them
+        with pytest.raises(tf.errors.InvalidArgumentError):
+            audio.load_wav(str(path))
+        return
+    samples, rate = audio.load_wav(str(path))
+    assert int(rate) == 22050
+    np.testing.assert_allclose(samples.numpy(), expected, atol=1e-7)
+    middle, _ = audio.load_wav(str(path), middle_seconds=0.1)  # 2205 of 4410 frames, centred
+    np.testing.assert_allclose(middle.numpy(), expected[1102:3307], atol=1e-7)
+
+
+def test_load_wav_falls_back_to_decode_wav_for_other_layouts(tmp_path):
+    # 16-bit PCM with a LIST chunk between fmt and data: not the canonical 44-byte header, so the
+    # raw fast path must not be taken (it would read the LIST bytes as samples).
+    import struct
+
+    data = (np.arange(1000) % 200 - 100).astype("<i2").tobytes()
+    fmt = struct.pack("<4sIHHIIHH", b"fmt ", 16, 1, 1, 16000, 32000, 2, 16)
+    listing = b"LIST" + struct.pack("<I", 8) + b"INFOxxxx"
+    body = b"WAVE" + fmt + listing + b"data" + struct.pack("<I", len(data)) + data
+    path = tmp_path / "list_chunk.wav"
+    path.write_bytes(b"RIFF" + struct.pack("<I", len(body)) + body)
+    samples, rate = audio.load_wav(str(path))
+    assert int(rate) == 16000
+    np.testing.assert_array_equal(samples.numpy(), (np.arange(1000) % 200 - 100) / 32768.0)

@@ -134,7 +134,7 @@ def _within_limits(example, c: DataConfig) -> tf.Tensor:
 
 def _features(example, c: DataConfig) -> dict:
     mel = audio.log_mel(example["samples"], c)  # [frames, n_mels]
-    reference, reference_length = _reference_mel(example["reference_path"], c)
+    reference, reference_length = reference_log_mel(example["reference_path"], c)
     return {
         "mel": mel,
         "mel_length": tf.shape(mel)[0],
@@ -145,14 +145,12 @@ def _features(example, c: DataConfig) -> dict:
     }
 
 
-def _reference_mel(path, c: DataConfig):
-    """The middle `reference_duration_s` of the clip (skipping leading and trailing silence), as a
-    log-mel padded to a fixed number of frames."""
-    samples, rate = audio.load_wav(path)
-    samples = audio.peak_normalize(audio.resample_to(samples, rate, c.sample_rate, source=path), c.peak_normalize)
-    length = tf.minimum(tf.shape(samples)[0], c.reference_samples)
-    start = (tf.shape(samples)[0] - length) // 2
-    mel = audio.log_mel(samples[start : start + length], c)  # [frames <= reference_frames, n_mels]
+def reference_log_mel(path, c: DataConfig):
+    """The middle `reference_duration_s` of a clip (away from leading and trailing silence), as a
+    log-mel padded to a fixed number of frames: ([reference_frames, n_mels], true frames)."""
+    samples, rate = audio.load_wav(path, middle_seconds=c.reference_duration_s)
+    samples = audio.resample_to(samples, rate, c.sample_rate, source=path)[: c.reference_samples]
+    mel = audio.log_mel(audio.peak_normalize(samples, c.peak_normalize), c)  # [frames <= reference_frames, n_mels]
     frames = tf.shape(mel)[0]
     mel = tf.pad(mel, [[0, c.reference_frames - frames], [0, 0]], constant_values=math.log(c.log_floor))
     return tf.ensure_shape(mel, [c.reference_frames, c.n_mels]), frames

@@ -1,0 +1,86 @@
+"""From a trained run to audio: load config, vocabulary and checkpoint; text + reference -> WAV.
+
+Used by utilities/synthesize.py and by the trainer's validation samples. Features and tokens go
+through the same functions as training (`reference_log_mel`, `tokenize`), so inference sees exactly
+what the model was trained on.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from pathlib import Path
+
+import tensorflow as tf
+
+from myxtts.config import Config, load_config
+from myxtts.data.pipeline import reference_log_mel
+from myxtts.data.text import Vocabulary, tokenize
+from myxtts.models.griffin_lim import log_mel_to_audio, write_wav
+from myxtts.models.inference import generate
+from myxtts.models.xtts import XTTS
+
+
+class Synthesizer:
+    def __init__(self, network: XTTS, config: Config, vocabulary: Vocabulary):
+        self.network, self.config, self.vocabulary = network, config, vocabulary
+        self._table = vocabulary.lookup_table()
+
+    @classmethod
+    def from_run(cls, run_dir: str | os.PathLike, checkpoint: str | None = None) -> "Synthesizer":
+        """Load `run_dir`'s config.yaml and vocab.txt, and `checkpoint` (default: best_mel, else latest)."""
+        from myxtts.training.checkpoints import find_checkpoint
+
+        run_dir = Path(run_dir)
+        if not (run_dir / "config.yaml").exists():
+            raise FileNotFoundError(f"{run_dir} is not a MyXTTS run folder (no config.yaml); pass the --output-dir of a training run")
+        config = load_config(run_dir / "config.yaml")
+        vocabulary = Vocabulary.load(run_dir / "vocab.txt")
+        d = config.data
+        network = XTTS(vocab_size=len(vocabulary), n_mels=d.n_mels, size=config.model.size,
+                       max_text_length=d.bucket_text_lengths[-1], max_mel_frames=d.bucket_mel_lengths[-1])
+        network.build()
+        path = checkpoint or find_checkpoint(run_dir)
+        tf.train.Checkpoint(network=network).restore(path).expect_partial().assert_existing_objects_matched()
+        return cls(network, config, vocabulary)
+
+    def reference(self, paths) -> tuple[tf.Tensor, tf.Tensor]:
+        """Reference mels [N, R, n_mels] and lengths [N] for one or more clips of the voice."""
+        clips = []
+        for path in paths:
+            if not Path(path).is_file():
+                raise FileNotFoundError(f"reference audio not found: {path}")
+            try:
+                clips.append(reference_log_mel(tf.constant(str(path)), self.config.data))
+            except tf.errors.InvalidArgumentError as error:
+                raise ValueError(f"{path}: cannot use as a reference voice (16-bit PCM WAV expected; convert it "
+                                 f"with utilities/prepare_dataset.py): {error.message.splitlines()[0]}") from None
+        return tf.stack([m for m, _ in clips]), tf.stack([n for _, n in clips])
+
+    def synthesize(self, text: str, reference_paths, max_seconds: float | None = None):
+        """(samples float32 [n], mel [frames, n_mels]) for `text` in the voice of the reference clip(s)."""
+        if not text or not text.strip():
+            raise ValueError("the text to synthesize is empty")
+        d = self.config.data
+        tokens = tokenize(tf.constant(text), self._table)
+        limit = d.bucket_text_lengths[-1]
+        if int(tf.shape(tokens)[0]) > limit:
+            raise ValueError(f"text too long: {int(tf.shape(tokens)[0])} tokens, the model takes at most {limit}; split it into sentences")
+        reference_mel, reference_length = self.reference(list(reference_paths))
+        max_frames = d.bucket_mel_lengths[-1]
+        if max_seconds:
+            max_frames = min(max_frames, 8 * math.ceil(max_seconds * d.frames_per_second / 8))
+        mel, length = generate(self.network, tokens, reference_mel, reference_length, max_frames,
+                               average_references=len(reference_paths) > 1)
+        mel = mel[0, : int(length[0])]
+        return log_mel_to_audio(mel, d), mel
+
+    def synthesize_to_file(self, text: str, reference_paths, out_path: str | os.PathLike) -> dict:
+        start = time.perf_counter()
+        samples, mel = self.synthesize(text, reference_paths)
+        seconds_taken = time.perf_counter() - start
+        write_wav(str(out_path), samples, self.config.data.sample_rate)
+        audio_seconds = int(samples.shape[0]) / self.config.data.sample_rate
+        return {"out": str(out_path), "audio_seconds": audio_seconds, "frames": int(mel.shape[0]),
+                "synthesis_seconds": seconds_taken, "real_time_factor": seconds_taken / max(audio_seconds, 1e-9)}
