@@ -86,12 +86,12 @@ def main(argv=None) -> int:
     workdir = Path(args.output_dir or ROOT / "runs" / ("demo" if args.demo else name))
 
     from myxtts.training.checkpoints import CheckpointError
-    from myxtts.training.trainer import train
+    from myxtts.training.trainer import OutOfMemory, train
 
     resume = "require" if args.resume else "reset" if args.reset_training else "auto"
     try:
         result = train(config, workdir, resume=resume, epochs=args.epochs)
-    except (ConfigError, CheckpointError, FileNotFoundError, ValueError) as error:
+    except (ConfigError, CheckpointError, OutOfMemory, FileNotFoundError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     print(f"finished at step {result.step}; run folder: {workdir}", file=sys.stderr)

@@ -155,3 +155,32 @@ def _checkpoint_tensors(workdir):
     tensors = {name.removesuffix("/.ATTRIBUTES/VARIABLE_VALUE"): reader.get_tensor(name) for name in reader.get_variable_to_shape_map()}
     return {name: value for name, value in tensors.items()
             if name != "save_counter" and not isinstance(value, bytes)}
+
+
+def test_out_of_memory_backs_off_to_half_the_batch_with_twice_the_accumulation(demo_corpus, tmp_path, monkeypatch):
+    from myxtts.training import trainer
+
+    real_fit = trainer._fit
+    attempts = []
+
+    def fit_that_runs_out_of_memory_above_batch_2(config, *args, **kwargs):
+        attempts.append((config.data.batch_size, config.training.gradient_accumulation_steps))
+        if config.data.batch_size > 2:
+            raise tf.errors.ResourceExhaustedError(None, None, "OOM when allocating tensor (injected)")
+        return real_fit(config, *args, **kwargs)
+
+    monkeypatch.setattr(trainer, "_fit", fit_that_runs_out_of_memory_above_batch_2)
+    messages = []
+    automatic = _config(demo_corpus, "data.batch_size=4", "training.gradient_accumulation_steps=1", "training.max_steps=1")
+    automatic.data.batch_size = 0  # automatic: the plan picks, and may back off
+    automatic.training.gradient_accumulation_steps = 0
+    automatic.training.effective_batch_size = 8
+    result = train(automatic, tmp_path / "auto", echo=messages.append)
+    first_batch, first_accumulation = attempts[0]
+    assert first_batch > 2 and first_batch * first_accumulation >= 8
+    assert attempts[-1][0] <= 2 and attempts[-1][0] * attempts[-1][1] == first_batch * first_accumulation
+    assert (result.batch_size, result.gradient_accumulation_steps) == attempts[-1] and result.step == 1
+    assert any("out of memory at batch" in m for m in messages)
+
+    with pytest.raises(trainer.OutOfMemory, match="data.batch_size 4"):  # a fixed batch is the user's call
+        train(_config(demo_corpus, "training.max_steps=1"), tmp_path / "fixed", echo=messages.append)

@@ -54,14 +54,22 @@ class Checkpoints:
     def latest_path(self, kind: str = "latest") -> str | None:
         return self._managers[kind].latest_checkpoint
 
-    def restore(self, path: str | None = None) -> Restored:
-        """Restore `path` (default: the latest). Another optimizer's state is skipped, not loaded."""
+    def restore(self, path: str | None = None, strict: bool = True) -> Restored:
+        """Restore `path` (default: the latest). Another optimizer's state is skipped, not loaded.
+
+        `strict=False` accepts objects the checkpoint lacks (gradient accumulators after an
+        out-of-memory back-off turned accumulation on); they keep their fresh values.
+        """
         path = path or self.latest_path()
         if path is None:
             raise CheckpointError(f"no checkpoint in {self.root / 'latest'}")
         meta = read_meta(path)
         if meta["optimizer"] == self.optimizer_type:
-            self._full.restore(path).assert_existing_objects_matched()
+            status = self._full.restore(path)
+            if strict:
+                status.assert_existing_objects_matched()
+            else:
+                status.expect_partial()
             return Restored(path, meta["step"], True, f"resumed from {path} at step {meta['step']}")
         tf.train.Checkpoint(network=self.network).restore(path).expect_partial().assert_existing_objects_matched()
         return Restored(

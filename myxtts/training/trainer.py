@@ -43,6 +43,8 @@ class TrainResult:
     interrupted_by: str | None
     workdir: Path
     train_function_traces: int
+    batch_size: int
+    gradient_accumulation_steps: int
 
 
 def resolve_hardware(config: Config, echo=console_echo) -> tuple[Config, str]:
@@ -89,6 +91,8 @@ def train(config: Config, workdir: str | Path, *, resume: str = "auto", epochs: 
     """Train (or resume) in `workdir`. `resume`: "auto" (if a checkpoint exists), "require", "reset".
 
     `epochs`, when given, replaces training.max_steps by that many passes over the training set.
+    Out of GPU memory with an automatic batch size, the micro-batch is halved and accumulation
+    doubled (the same effective batch), and training continues from the last checkpoint.
     """
     workdir = Path(workdir)
     if resume == "reset" and (workdir / "checkpoints").exists():
@@ -96,24 +100,56 @@ def train(config: Config, workdir: str | Path, *, resume: str = "auto", epochs: 
         echo(f"--reset-training: removed {workdir / 'checkpoints'}")
     workdir.mkdir(parents=True, exist_ok=True)
 
+    automatic_batch = config.data.batch_size == 0
     config, policy = resolve_hardware(config, echo)
     keras.config.set_dtype_policy(policy)
     keras.utils.set_random_seed(config.seed)
-    t, d = config.training, config.data
-    accumulation = max(t.gradient_accumulation_steps, 1)
 
     train_rows, val_rows = load_splits(config)
     if epochs is not None:
-        steps = math.ceil(epochs * len(train_rows) / (d.batch_size * accumulation))
+        t, d = config.training, config.data
+        steps = math.ceil(epochs * len(train_rows) / (d.batch_size * max(t.gradient_accumulation_steps, 1)))
         config = dataclasses.replace(config, training=dataclasses.replace(t, max_steps=max(steps, 1)))
-        t = config.training
     vocab_path = workdir / "vocab.txt"
     # The vocabulary of a run is fixed at its start; a resumed run must tokenise the same way.
     vocabulary = Vocabulary.load(vocab_path) if vocab_path.exists() else Vocabulary.from_texts(u.text for u in train_rows)
     vocabulary.save(vocab_path)
-    config_lib.save_config(config, workdir / "config.yaml")
     echo(f"data: {len(train_rows)} training and {len(val_rows)} validation clips, vocabulary of {len(vocabulary)} tokens")
 
+    strict_restore = True
+    while True:
+        config_lib.save_config(config, workdir / "config.yaml")
+        try:
+            return _fit(config, policy, workdir, train_rows, val_rows, vocabulary, resume, strict_restore, echo)
+        except tf.errors.ResourceExhaustedError:
+            d, t = config.data, config.training
+            if not automatic_batch or d.batch_size == 1:
+                raise OutOfMemory(
+                    f"out of memory at data.batch_size {d.batch_size}: set data.batch_size lower (or 0 for automatic "
+                    f"back-off) and raise training.gradient_accumulation_steps to keep the effective batch; "
+                    f"training.precision: bf16 or fp16 also halves activation memory"
+                ) from None
+            accumulation = max(t.gradient_accumulation_steps, 1) * 2
+            echo(f"out of memory at batch {d.batch_size}: continuing from the last checkpoint with batch "
+                 f"{d.batch_size // 2} x accumulation {accumulation} (same effective batch)")
+            config = dataclasses.replace(
+                config,
+                data=dataclasses.replace(d, batch_size=d.batch_size // 2),
+                training=dataclasses.replace(t, gradient_accumulation_steps=accumulation),
+            )
+            resume = "auto"
+            strict_restore = False  # the optimizer now has accumulators the checkpoint lacks
+
+
+class OutOfMemory(RuntimeError):
+    pass
+
+
+def _fit(config: Config, policy: str, workdir: Path, train_rows, val_rows, vocabulary, resume: str,
+         strict_restore: bool, echo) -> TrainResult:
+    """One attempt: build model, optimizer and datasets for the config's batch, restore, fit."""
+    t, d = config.training, config.data
+    accumulation = max(t.gradient_accumulation_steps, 1)
     network = XTTS(
         vocab_size=len(vocabulary),
         n_mels=d.n_mels,
@@ -139,7 +175,7 @@ def train(config: Config, workdir: str | Path, *, resume: str = "auto", epochs: 
     start_step = 0
     if resume != "reset":
         try:
-            restored = checkpoints.restore()
+            restored = checkpoints.restore(strict=strict_restore)
         except CheckpointError:
             if resume == "require":
                 raise CheckpointError(f"--resume: no checkpoint to resume in {workdir / 'checkpoints' / 'latest'}") from None
@@ -149,7 +185,8 @@ def train(config: Config, workdir: str | Path, *, resume: str = "auto", epochs: 
     if start_step >= t.max_steps:
         echo(f"already at step {start_step} >= training.max_steps ({t.max_steps}); raise --max-steps to train further")
 
-    # Resume also continues the data order: replay the (seeded) stream up to where it stopped.
+    # Resume also continues the data order: replay the seeded stream up to where it stopped
+    # (cheap with data.cache_features; it recomputes the skipped batches' features without).
     micro_steps_done = start_step * accumulation
     train_stream = train_ds.repeat().skip(micro_steps_done)
 
@@ -164,13 +201,12 @@ def train(config: Config, workdir: str | Path, *, resume: str = "auto", epochs: 
         keras.callbacks.TensorBoard(str(workdir / "logs"), update_freq=t.log_interval * accumulation),
     ]
     interval = t.eval_interval * accumulation  # Keras counts micro-batches
-    total_micro_steps = t.max_steps * accumulation
     validation = {}
     if start_step < t.max_steps:
         history = model.fit(
             train_stream,
             steps_per_epoch=interval,
-            epochs=math.ceil(total_micro_steps / interval),
+            epochs=math.ceil(t.max_steps * accumulation / interval),
             initial_epoch=micro_steps_done // interval,
             validation_data=val_ds,
             callbacks=callbacks,
@@ -185,6 +221,8 @@ def train(config: Config, workdir: str | Path, *, resume: str = "auto", epochs: 
         interrupted_by=saver.interrupted_by,
         workdir=workdir,
         train_function_traces=model.train_step_traces,
+        batch_size=d.batch_size,
+        gradient_accumulation_steps=accumulation,
     )
 
 
