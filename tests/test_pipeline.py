@@ -157,3 +157,19 @@ def test_keys_change_what_is_built(utterances, tmp_path):
 def test_empty_manifest_is_an_error():
     with pytest.raises(ValueError, match="no utterances"):
         build_dataset(_config(), [])
+
+
+def test_mel_on_device_gives_the_same_features(utterances):
+    from myxtts.data.pipeline import mel_from_audio
+
+    for level in ("enhanced", "basic"):  # bucketed and batch-padded
+        host = list(build_dataset(_config(level=level), utterances, training=False).as_numpy_iterator())
+        device = list(build_dataset(_config("data.mel_on_device=true", level=level), utterances, training=False))
+        assert len(host) == len(device)
+        for h, d in zip(host, device):
+            assert "mel" not in d and d["audio"].dtype == tf.float32
+            mel = mel_from_audio(d, _config().data)["mel"].numpy()
+            assert mel.shape == h["mel"].shape
+            np.testing.assert_array_equal(d["mel_length"].numpy(), h["mel_length"])
+            for i, n in enumerate(h["mel_length"]):
+                np.testing.assert_allclose(mel[i, :n], h["mel"][i, :n], atol=2e-3)

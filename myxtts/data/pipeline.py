@@ -11,6 +11,8 @@ one shape per bucket.
 
 A batch is a dict:
     mel              float32 [batch, frames, n_mels]   log-mel, padded with log(data.log_floor)
+                     (with data.mel_on_device: `audio` float32 [batch, (frames - 1) * hop] instead,
+                     zero-padded, which `mel_from_audio` turns into `mel` inside the compiled step)
     mel_length       int32   [batch]                   true frame counts (mask with these)
     tokens           int32   [batch, text_length]      BOS text EOS, padded with PAD_ID
     text_length      int32   [batch]
@@ -133,11 +135,15 @@ def _within_limits(example, c: DataConfig) -> tf.Tensor:
 
 
 def _features(example, c: DataConfig) -> dict:
-    mel = audio.log_mel(example["samples"], c)  # [frames, n_mels]
     reference, reference_length = reference_log_mel(example["reference_path"], c)
+    if c.mel_on_device:
+        # The waveform travels instead; the compiled step turns it into the same log-mel.
+        signal = {"audio": example["samples"], "mel_length": 1 + tf.shape(example["samples"])[0] // c.hop_length}
+    else:
+        mel = audio.log_mel(example["samples"], c)  # [frames, n_mels]
+        signal = {"mel": mel, "mel_length": tf.shape(mel)[0]}
     return {
-        "mel": mel,
-        "mel_length": tf.shape(mel)[0],
+        **signal,
         "tokens": example["tokens"],
         "text_length": tf.shape(example["tokens"])[0],
         "reference_mel": reference,
@@ -156,11 +162,24 @@ def reference_log_mel(path, c: DataConfig):
     return tf.ensure_shape(mel, [c.reference_frames, c.n_mels]), frames
 
 
+def mel_from_audio(batch: dict, c: DataConfig) -> dict:
+    """With `data.mel_on_device`, replace the batch's padded waveforms by their log-mel (in the step).
+
+    A bucket's waveforms are padded to (frames - 1) * hop samples, so the centred STFT gives exactly
+    the bucket's frame count; frames inside each clip's `mel_length` equal the per-clip features.
+    """
+    if "audio" not in batch:
+        return batch
+    features = {k: v for k, v in batch.items() if k != "audio"}
+    features["mel"] = audio.log_mel(batch["audio"], c)  # [batch, frames, n_mels], float32
+    return features
+
+
 def padding_values(c: DataConfig) -> dict:
     silence = tf.constant(math.log(c.log_floor), tf.float32)
     zero = tf.constant(0, tf.int32)
     return {
-        "mel": silence,
+        "audio" if c.mel_on_device else "mel": tf.constant(0.0) if c.mel_on_device else silence,
         "mel_length": zero,
         "tokens": tf.constant(PAD_ID, tf.int32),
         "text_length": zero,
@@ -178,7 +197,8 @@ def bucket_index(mel_length, text_length, c: DataConfig) -> tf.Tensor:
 
 def _batch(ds: tf.data.Dataset, c: DataConfig, batch_size: int, drop_remainder: bool) -> tf.data.Dataset:
     if not c.bucketing:
-        shapes = {"mel": [None, c.n_mels], "tokens": [None], "reference_mel": [c.reference_frames, c.n_mels]}
+        signal = {"audio": [None]} if c.mel_on_device else {"mel": [None, c.n_mels]}
+        shapes = {**signal, "tokens": [None], "reference_mel": [c.reference_frames, c.n_mels]}
         shapes.update({k: [] for k in ("mel_length", "text_length", "reference_length")})
         return ds.padded_batch(batch_size, shapes, padding_values(c), drop_remainder=drop_remainder)
 
@@ -186,8 +206,12 @@ def _batch(ds: tf.data.Dataset, c: DataConfig, batch_size: int, drop_remainder: 
     text_sizes = tf.constant(c.bucket_text_lengths, tf.int64)
 
     def batch_one_bucket(bucket, window):
+        if c.mel_on_device:
+            signal = {"audio": tf.reshape((mel_sizes[bucket] - 1) * c.hop_length, [1])}
+        else:
+            signal = {"mel": tf.stack([mel_sizes[bucket], c.n_mels])}
         shapes = {
-            "mel": tf.stack([mel_sizes[bucket], c.n_mels]),
+            **signal,
             "tokens": tf.reshape(text_sizes[bucket], [1]),
             "reference_mel": [c.reference_frames, c.n_mels],
             "mel_length": [],

@@ -15,6 +15,7 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
+from myxtts.data.pipeline import mel_from_audio
 from myxtts.models.losses import compute_losses
 
 LOSS_NAMES = ("loss", "text_loss", "mel_loss", "stop_loss")
@@ -23,9 +24,10 @@ LOSS_NAMES = ("loss", "text_loss", "mel_loss", "stop_loss")
 class TrainingModel(keras.Model):
     """Holds the network and defines the steps; checkpoints store `network` and the optimizer."""
 
-    def __init__(self, network: keras.Model, **kwargs):
+    def __init__(self, network: keras.Model, data_config=None, **kwargs):
         super().__init__(**kwargs)
         self.network = network
+        self.data_config = data_config  # needed only with data.mel_on_device (waveform batches)
         self.loss_trackers = {name: keras.metrics.Mean(name=name) for name in LOSS_NAMES}
         # Steps whose loss or gradients were not finite, in a row (reset by a good step).
         self.nonfinite_in_a_row = keras.Variable(0, dtype="int32", trainable=False, name="nonfinite_in_a_row")
@@ -33,7 +35,10 @@ class TrainingModel(keras.Model):
         self.train_step_traces = 0
 
     def call(self, batch, training=False):
-        return self.network(batch, training=training)
+        return self.network(self._features(batch), training=training)
+
+    def _features(self, batch):
+        return mel_from_audio(batch, self.data_config) if "audio" in batch else batch
 
     @property
     def metrics(self):
@@ -41,6 +46,7 @@ class TrainingModel(keras.Model):
 
     def train_step(self, batch):
         self.train_step_traces += 1
+        batch = self._features(batch)
         with tf.GradientTape() as tape:
             outputs = self.network(batch, training=True)
             losses = compute_losses(batch, outputs)
@@ -75,6 +81,7 @@ class TrainingModel(keras.Model):
         return logs
 
     def test_step(self, batch):
+        batch = self._features(batch)
         losses = compute_losses(batch, self.network(batch, training=False))
         for name, tracker in self.loss_trackers.items():
             tracker.update_state(losses[name])

@@ -157,7 +157,7 @@ def _fit(config: Config, policy: str, workdir: Path, train_rows, val_rows, vocab
         max_text_length=d.bucket_text_lengths[-1],
         max_mel_frames=d.bucket_mel_lengths[-1],
     )
-    model = TrainingModel(network)
+    model = TrainingModel(network, data_config=d)
     optimizer = build_optimizer(t, accumulation)
     if policy == "mixed_float16":
         optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
