@@ -1,0 +1,237 @@
+"""The transformer pieces the model is built from: attention, a pre-norm block, the mel prenet and postnet.
+
+All layers compute in the layer's dtype policy (bfloat16 or float16 under mixed precision) except
+the attention softmax, which runs in float32: its large negative mask values and the exponentials
+overflow float16. Masks are boolean, `True` where attention is allowed.
+
+Log-mel features are standardised on the way in and out of the network with fixed constants
+(`normalize_mel`), so activations start near unit scale without a statistics pass over the corpus.
+"""
+
+from __future__ import annotations
+
+import math
+
+import keras
+import tensorflow as tf
+
+# Log-mel values run from log(data.log_floor) = -11.5 in silence to about +2 in loud speech; this
+# centre and spread map that range to roughly [-2, 2]. Constants, not learned: the mel head then
+# starts out predicting the middle of the range, and the input scale cannot drift during training.
+MEL_CENTER = -5.0
+MEL_SCALE = 3.0
+
+# Added to masked-out attention scores in float32: exp() of it underflows to exactly 0, so a
+# masked key contributes nothing (the padding-invariance tests rely on that exactness).
+_MASKED_SCORE = -1e9
+
+
+def normalize_mel(log_mel):
+    return (log_mel - MEL_CENTER) / MEL_SCALE
+
+
+def denormalize_mel(normalized):
+    return normalized * MEL_SCALE + MEL_CENTER
+
+
+def sinusoidal_positions(length, depth: int, dtype) -> tf.Tensor:
+    """The transformer's fixed sine/cosine position code: [length, depth] in `dtype`."""
+    positions = tf.cast(tf.range(length), tf.float32)[:, None]  # [length, 1]
+    rates = tf.exp(-math.log(10000.0) * tf.range(0, depth, 2, dtype=tf.float32) / depth)  # [depth / 2]
+    angles = positions * rates[None, :]
+    code = tf.concat([tf.sin(angles), tf.cos(angles)], axis=-1)[:, :depth]
+    return tf.cast(code, dtype)
+
+
+class Attention(keras.layers.Layer):
+    """Multi-head scaled dot-product attention of `query` [B, Q, d] over `context` [B, C, d].
+
+    `context=None` is self-attention. `attention_mask` is boolean [B or 1, Q, C], True
+    where allowed; every query row must allow at least one key (the model keeps the conditioning latents visible).
+    There is no dropout on the attention weights: [B, heads, Q, C] is the largest tensor in the
+    model, and the blocks' residual dropout regularises enough at these sizes.
+    """
+
+    def __init__(self, d_model: int, num_heads: int, **kwargs):
+        super().__init__(**kwargs)
+        if d_model % num_heads:
+            raise ValueError(f"d_model ({d_model}) must be a multiple of num_heads ({num_heads})")
+        self.d_model = d_model
+        self.num_heads = num_heads
+        self.head_size = d_model // num_heads
+        self.query_projection = keras.layers.Dense(d_model, name="query")
+        # Keys and values in one matmul: fewer, larger kernels are faster on every backend.
+        self.key_value_projection = keras.layers.Dense(2 * d_model, name="key_value")
+        self.output_projection = keras.layers.Dense(d_model, name="output")
+
+    def build(self, query_shape):
+        shape = [None, None, self.d_model]
+        self.query_projection.build(shape)
+        self.key_value_projection.build(shape)
+        self.output_projection.build(shape)
+        self.built = True
+
+    def _split_heads(self, x):
+        batch, length = tf.shape(x)[0], tf.shape(x)[1]
+        x = tf.reshape(x, [batch, length, self.num_heads, self.head_size])
+        return tf.transpose(x, [0, 2, 1, 3])  # [B, heads, length, head_size]
+
+    def call(self, query, context=None, attention_mask=None):
+        context = query if context is None else context
+        # Scale the queries, not the scores: [B, heads, Q, head_size] is smaller than [B, heads, Q, C].
+        q = self._split_heads(self.query_projection(query) * (self.head_size**-0.5))
+        keys, values = tf.split(self.key_value_projection(context), 2, axis=-1)
+        k, v = self._split_heads(keys), self._split_heads(values)
+        scores = tf.einsum("bhqd,bhkd->bhqk", q, k)  # [B, heads, Q, C]
+        scores = tf.cast(scores, tf.float32)
+        if attention_mask is not None:
+            # An additive bias rather than tf.where: one broadcast add over [B, heads, Q, C] whose
+            # gradient is the identity, where a select would cost another pass backwards.
+            bias = tf.where(attention_mask, 0.0, _MASKED_SCORE)[:, None]  # [B or 1, 1, Q, C]
+            scores = scores + bias
+        weights = tf.cast(tf.nn.softmax(scores, axis=-1), self.compute_dtype)
+        heads = tf.einsum("bhqk,bhkd->bhqd", weights, v)  # [B, heads, Q, head_size]
+        batch, length = tf.shape(query)[0], tf.shape(query)[1]
+        merged = tf.reshape(tf.transpose(heads, [0, 2, 1, 3]), [batch, length, self.d_model])
+        return self.output_projection(merged)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(d_model=self.d_model, num_heads=self.num_heads)
+        return config
+
+
+class TransformerBlock(keras.layers.Layer):
+    """Pre-norm block: x + Attention(LN(x)), then x + FeedForward(LN(x)).
+
+    Pre-norm keeps gradients well scaled at init without a learning-rate warm-up tuned per depth.
+    With `cross_attention=True` the attention reads `context` instead of `x` (the perceiver step).
+    """
+
+    def __init__(self, d_model: int, num_heads: int, ff_multiplier: int = 4, dropout: float = 0.0,
+                 cross_attention: bool = False, **kwargs):
+        super().__init__(**kwargs)
+        self.d_model = d_model
+        self.num_heads = num_heads
+        self.ff_multiplier = ff_multiplier
+        self.dropout = dropout
+        self.cross_attention = cross_attention
+        self.attention_norm = keras.layers.LayerNormalization(epsilon=1e-5, name="attention_norm")
+        self.context_norm = (
+            keras.layers.LayerNormalization(epsilon=1e-5, name="context_norm") if cross_attention else None
+        )
+        self.attention = Attention(d_model, num_heads, name="attention")
+        self.ff_norm = keras.layers.LayerNormalization(epsilon=1e-5, name="ff_norm")
+        self.ff_in = keras.layers.Dense(ff_multiplier * d_model, activation="gelu", name="ff_in")
+        self.ff_out = keras.layers.Dense(d_model, name="ff_out")
+        self.residual_dropout = keras.layers.Dropout(dropout)
+
+    def build(self, input_shape):
+        shape = [None, None, self.d_model]
+        for norm in (self.attention_norm, self.context_norm, self.ff_norm):
+            if norm is not None:
+                norm.build(shape)
+        self.attention.build(shape)
+        self.ff_in.build(shape)
+        self.ff_out.build([None, None, self.ff_multiplier * self.d_model])
+        self.built = True
+
+    def call(self, x, context=None, attention_mask=None, training=False):
+        normed = self.attention_norm(x)
+        if self.cross_attention:
+            attended = self.attention(normed, self.context_norm(context), attention_mask=attention_mask)
+        else:
+            attended = self.attention(normed, attention_mask=attention_mask)
+        x = x + self.residual_dropout(attended, training=training)
+        hidden = self.ff_out(self.ff_in(self.ff_norm(x)))
+        return x + self.residual_dropout(hidden, training=training)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(d_model=self.d_model, num_heads=self.num_heads, ff_multiplier=self.ff_multiplier,
+                      dropout=self.dropout, cross_attention=self.cross_attention)
+        return config
+
+
+class MelPrenet(keras.layers.Layer):
+    """Teacher-forcing input of the mel positions: position p sees the r frames of group p - 1.
+
+    Input: normalised mel grouped r frames per position [B, P, r * n_mels]. Output [B, P, d]: a
+    learned start vector at position 0, then the embedded groups 0..P-2 (shifted right by one).
+    """
+
+    def __init__(self, d_model: int, group_size: int, dropout: float = 0.0, **kwargs):
+        super().__init__(**kwargs)
+        self.d_model = d_model
+        self.group_size = group_size
+        self.dropout = dropout
+        self.hidden = keras.layers.Dense(d_model, activation="gelu", name="hidden")
+        self.projection = keras.layers.Dense(d_model, name="projection")
+        self.input_dropout = keras.layers.Dropout(dropout)
+
+    def build(self, input_shape):
+        self.hidden.build([None, None, self.group_size])
+        self.projection.build([None, None, self.d_model])
+        self.start = self.add_weight(
+            shape=[self.d_model], initializer=keras.initializers.RandomNormal(stddev=0.02), name="start"
+        )
+        self.built = True
+
+    def call(self, groups, training=False):
+        embedded = self.projection(self.input_dropout(self.hidden(groups), training=training))  # [B, P, d]
+        start = tf.cast(self.start, embedded.dtype)[None, None, :]
+        start = tf.tile(start, [tf.shape(groups)[0], 1, 1])  # [B, 1, d]
+        return tf.concat([start, embedded[:, :-1]], axis=1)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(d_model=self.d_model, group_size=self.group_size, dropout=self.dropout)
+        return config
+
+
+class Postnet(keras.layers.Layer):
+    """A residual correction of the predicted mel from its neighbourhood: a few "same" 1-D convs.
+
+    The decoder predicts r frames per position from the past only; the postnet sees frames on
+    both sides and smooths the seams between groups. Input normalised mel [B, T, n_mels] and the
+    frame mask [B, T]; output the correction [B, T, n_mels] in float32. Every conv's output is
+    zeroed past the mask, so frames beyond the true length never leak into valid ones, and the
+    result does not depend on how much padding follows.
+    """
+
+    def __init__(self, n_mels: int, channels: int, num_convs: int = 4, kernel_size: int = 5, dropout: float = 0.0,
+                 **kwargs):
+        super().__init__(**kwargs)
+        self.n_mels = n_mels
+        self.channels = channels
+        self.num_convs = num_convs
+        self.kernel_size = kernel_size
+        self.dropout = dropout
+        self.convs = [
+            keras.layers.Conv1D(channels, kernel_size, padding="same", activation="tanh", name=f"conv_{i}")
+            for i in range(num_convs - 1)
+        ]
+        # float32 output: the correction is added to the float32 mel prediction.
+        self.output_conv = keras.layers.Conv1D(n_mels, kernel_size, padding="same", dtype="float32", name="output_conv")
+        self.conv_dropout = keras.layers.Dropout(dropout)
+
+    def build(self, input_shape):
+        width = self.n_mels
+        for conv in self.convs:
+            conv.build([None, None, width])
+            width = self.channels
+        self.output_conv.build([None, None, width])
+        self.built = True
+
+    def call(self, mel, valid_frames, training=False):
+        keep = tf.cast(valid_frames, self.compute_dtype)[:, :, None]  # [B, T, 1]
+        x = mel * keep
+        for conv in self.convs:
+            x = self.conv_dropout(conv(x), training=training) * keep
+        return self.output_conv(x) * tf.cast(keep, tf.float32)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(n_mels=self.n_mels, channels=self.channels, num_convs=self.num_convs,
+                      kernel_size=self.kernel_size, dropout=self.dropout)
+        return config
