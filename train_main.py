@@ -95,6 +95,16 @@ def main(argv=None) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 2
     print(f"finished at step {result.step}; run folder: {workdir}", file=sys.stderr)
+    if args.demo and result.step > 0:
+        from myxtts.models.synthesizer import validation_sample
+
+        sample = validation_sample(workdir, workdir / "demo_sample.wav")
+        print(
+            f"listen: {sample['out']} ({sample['audio_seconds']:.2f} s; espeak said it in {sample['recording_seconds']:.2f} s)\n"
+            f"  text: {sample['text']}\n  voice: {sample['speaker']} (reference {sample['reference']})\n"
+            f"  try your own: python utilities/synthesize.py --checkpoint {workdir} --text \"Hello there.\" --reference {sample['reference']}",
+            file=sys.stderr,
+        )
     if result.stopped_for_nonfinite:
         return 3
     return 130 if result.interrupted_by else 0

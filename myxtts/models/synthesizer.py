@@ -84,3 +84,34 @@ class Synthesizer:
         audio_seconds = int(samples.shape[0]) / self.config.data.sample_rate
         return {"out": str(out_path), "audio_seconds": audio_seconds, "frames": int(mel.shape[0]),
                 "synthesis_seconds": seconds_taken, "real_time_factor": seconds_taken / max(audio_seconds, 1e-9)}
+
+
+def validation_sample(run_dir: str | os.PathLike, out_path: str | os.PathLike) -> dict:
+    """Speak a held-out sentence in its own speaker's voice (another clip as the reference), and
+    measure it against the held-out recording of the same sentence: duration ratio and loudness.
+
+    The demo's corpus is espeak-ng speech, so the recording *is* the reference rendering.
+    """
+    import numpy as np
+
+    from myxtts.data.pipeline import assign_references
+    from myxtts.training.trainer import load_splits
+
+    synthesizer = Synthesizer.from_run(run_dir)
+    train_rows, val_rows = load_splits(synthesizer.config)
+    target = val_rows[0]
+    voice = [u for u in train_rows if u.speaker == target.speaker] or [target]
+    reference = assign_references([target] + voice, synthesizer.config.seed)[0]
+    result = synthesizer.synthesize_to_file(target.text, [reference], out_path)
+    samples, rate = tf.audio.decode_wav(tf.io.read_file(str(out_path)))
+    recording, _ = tf.audio.decode_wav(tf.io.read_file(target.audio_path))
+    result.update(
+        text=target.text,
+        speaker=target.speaker,
+        reference=reference,
+        recording_seconds=int(recording.shape[0]) / int(rate),
+        duration_ratio=result["audio_seconds"] / (int(recording.shape[0]) / int(rate)),
+        rms=float(np.sqrt(np.mean(np.square(samples.numpy())))),
+        recording_rms=float(np.sqrt(np.mean(np.square(recording.numpy())))),
+    )
+    return result

@@ -34,6 +34,7 @@ class ProgressLogger(keras.callbacks.Callback):
         self.echo = echo
         self._last = None  # (time, step)
         self.history: list[dict] = []
+        self.validation_history: list[dict] = []
 
     def on_train_begin(self, logs=None):
         self._last = (time.perf_counter(), optimizer_step(self.model))
@@ -58,6 +59,20 @@ class ProgressLogger(keras.callbacks.Callback):
             f"  lr {logs.get('learning_rate', math.nan):.2e}  |g| {logs.get('grad_norm', math.nan):.2f}"
             f"  {seconds_per_step * 1000:.0f} ms/step  {record['samples_per_s']:.1f} samples/s  ETA {_duration(eta)}"
         )
+
+
+    def record_validation(self, step: int, logs: dict) -> None:
+        values = {(k if k.startswith("val_") else f"val_{k}"): float(v) for k, v in logs.items()}
+        self.validation_history.append({"step": step, **values})
+        with self.writer.as_default(step=step):
+            for key, value in values.items():
+                tf.summary.scalar(key, value)
+        self.echo(f"validation at step {step}: " + "  ".join(f"{k.removeprefix('val_')} {v:.4f}" for k, v in sorted(values.items())))
+
+    def on_epoch_end(self, epoch, logs=None):
+        validation = {k: v for k, v in (logs or {}).items() if k.startswith("val_")}
+        if validation:
+            self.record_validation(optimizer_step(self.model), validation)
 
 
 class CheckpointSaver(keras.callbacks.Callback):

@@ -39,6 +39,7 @@ class TrainResult:
     step: int
     history: list[dict]
     validation: dict
+    validation_history: list[dict]  # {"step", "val_loss", "val_mel_loss", ...}, from step 0 on a fresh run
     stopped_for_nonfinite: bool
     interrupted_by: str | None
     workdir: Path
@@ -202,6 +203,10 @@ def _fit(config: Config, policy: str, workdir: Path, train_rows, val_rows, vocab
     ]
     interval = t.eval_interval * accumulation  # Keras counts micro-batches
     validation = {}
+    if start_step == 0 and val_ds is not None:
+        # The untrained model's validation losses: the baseline every later value is judged against.
+        initial = model.evaluate(val_ds, verbose=0, return_dict=True)
+        progress.record_validation(0, initial)
     if start_step < t.max_steps:
         history = model.fit(
             train_stream,
@@ -217,6 +222,7 @@ def _fit(config: Config, policy: str, workdir: Path, train_rows, val_rows, vocab
         step=optimizer_step(model),
         history=progress.history,
         validation=validation,
+        validation_history=progress.validation_history,
         stopped_for_nonfinite=guard.tripped,
         interrupted_by=saver.interrupted_by,
         workdir=workdir,
