@@ -147,6 +147,27 @@ def test_end_to_end_resume_optimizer_switch_and_no_recompilation(demo_corpus, tm
     assert any("trained with adamw" in m and "weights only" in m for m in messages), messages
     assert switched.step == 1  # the fresh optimizer counts from 0 again
 
+    _check_synthesis_from_the_run(tmp_path / "split", demo_corpus, tmp_path)
+
+
+def _check_synthesis_from_the_run(run_dir, corpus, tmp_path):
+    """utilities/synthesize.py end to end on the tiny run: a WAV comes out; bad input is a clear error."""
+    import soundfile
+
+    from utilities import synthesize
+
+    reference = str(sorted((corpus / "wavs").glob("*.wav"))[0])
+    out = tmp_path / "hello.wav"
+    assert synthesize.main(["--checkpoint", str(run_dir), "--text", "Hello there.", "--reference", reference, "--out", str(out)]) == 0
+    info = soundfile.info(out)
+    assert info.samplerate == 22050 and info.frames > 0 and info.subtype == "PCM_16"
+    for argv in (
+        ["--checkpoint", str(tmp_path / "no_such_run"), "--text", "Hi.", "--reference", reference],
+        ["--checkpoint", str(run_dir), "--text", "   ", "--reference", reference],
+        ["--checkpoint", str(run_dir), "--text", "Hi.", "--reference", str(tmp_path / "missing.wav")],
+    ):
+        assert synthesize.main([*argv, "--out", str(tmp_path / "x.wav")]) == 2
+
 
 def _checkpoint_tensors(workdir):
     """Every numeric tensor of the run's latest checkpoint (network and optimizer state), without

@@ -164,3 +164,49 @@ def _duration(seconds: float) -> str:
 
 def console_echo(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
+
+
+class ValidationSamples(keras.callbacks.Callback):
+    """At each validation: synthesize a fixed validation sentence in its speaker's voice (the batch's
+    own reference clip) and log the mel as an image and the Griffin-Lim audio to TensorBoard.
+
+    The first call also logs the recording itself, for comparison.
+    """
+
+    def __init__(self, network, data_config, example: dict, log_dir: str, griffin_lim_iterations: int = 16):
+        super().__init__()
+        self.network, self.data_config, self.example = network, data_config, example
+        self.writer = tf.summary.create_file_writer(log_dir)
+        self.iterations = griffin_lim_iterations
+        self._logged_recording = False
+
+    def on_epoch_end(self, epoch, logs=None):
+        from myxtts.models.griffin_lim import log_mel_to_audio
+        from myxtts.models.inference import generate
+
+        ex, c = self.example, self.data_config
+        tokens = ex["tokens"][: int(ex["text_length"])]
+        limit = min(2 * int(ex["mel_length"]) + 8, c.bucket_mel_lengths[-1])
+        mel, length = generate(self.network, tokens, ex["reference_mel"][None], ex["reference_length"][None], limit)
+        mel = mel[0, : int(length[0])]  # [frames, n_mels]
+        step = optimizer_step(self.model)
+        with self.writer.as_default(step=step):
+            if not self._logged_recording and "mel" in ex:
+                recording = ex["mel"][: int(ex["mel_length"])]
+                tf.summary.image("sample/recording_mel", _mel_image(recording, c), step=0)
+                tf.summary.audio("sample/recording_griffin_lim", _audio(log_mel_to_audio(recording, c, self.iterations)), c.sample_rate, step=0)
+                self._logged_recording = True
+            tf.summary.image("sample/generated_mel", _mel_image(mel, c))
+            tf.summary.audio("sample/generated", _audio(log_mel_to_audio(mel, c, self.iterations)), c.sample_rate)
+            tf.summary.scalar("sample/generated_seconds", int(length[0]) / c.frames_per_second)
+
+
+def _mel_image(mel, c) -> tf.Tensor:
+    """[frames, n_mels] log-mel -> [1, n_mels, frames, 1] in [0, 1], low frequencies at the bottom."""
+    floor = tf.math.log(c.log_floor)
+    scaled = (mel - floor) / tf.maximum(tf.reduce_max(mel) - floor, 1e-6)
+    return tf.transpose(scaled)[::-1][None, :, :, None]
+
+
+def _audio(samples) -> tf.Tensor:
+    return tf.clip_by_value(samples, -1.0, 1.0)[None, :, None]  # [1, samples, channels]

@@ -35,9 +35,10 @@ class TrainingModel(keras.Model):
         self.train_step_traces = 0
 
     def call(self, batch, training=False):
-        return self.network(self._features(batch), training=training)
+        return self.network(self.with_mel(batch), training=training)
 
-    def _features(self, batch):
+    def with_mel(self, batch):
+        """The batch with `mel` (computed from `audio` when data.mel_on_device ships waveforms)."""
         return mel_from_audio(batch, self.data_config) if "audio" in batch else batch
 
     @property
@@ -46,7 +47,7 @@ class TrainingModel(keras.Model):
 
     def train_step(self, batch):
         self.train_step_traces += 1
-        batch = self._features(batch)
+        batch = self.with_mel(batch)
         with tf.GradientTape() as tape:
             outputs = self.network(batch, training=True)
             losses = compute_losses(batch, outputs)
@@ -81,7 +82,7 @@ class TrainingModel(keras.Model):
         return logs
 
     def test_step(self, batch):
-        batch = self._features(batch)
+        batch = self.with_mel(batch)
         losses = compute_losses(batch, self.network(batch, training=False))
         for name, tracker in self.loss_trackers.items():
             tracker.update_state(losses[name])

@@ -29,7 +29,8 @@ from myxtts.hardware.detect import detect_machine
 from myxtts.hardware.plan import RequestedSettings, plan_for_machine
 from myxtts.hardware.report import short_summary
 from myxtts.models.xtts import XTTS
-from myxtts.training.callbacks import CheckpointSaver, NonFiniteGuard, ProgressLogger, StopAtStep, console_echo, optimizer_step
+from myxtts.training.callbacks import (CheckpointSaver, NonFiniteGuard, ProgressLogger, StopAtStep, ValidationSamples,
+                                       console_echo, optimizer_step)
 from myxtts.training.checkpoints import Checkpoints, CheckpointError
 from myxtts.training.optimizers import build_optimizer
 from myxtts.training.step import TrainingModel
@@ -201,6 +202,12 @@ def _fit(config: Config, policy: str, workdir: Path, train_rows, val_rows, vocab
         saver,
         keras.callbacks.TensorBoard(str(workdir / "logs"), update_freq=t.log_interval * accumulation),
     ]
+    if val_ds is not None:
+        # The fixed sentence: the first clip of the (ordered) validation set, with features computed
+        # the way the step sees them.
+        first = model.with_mel(next(iter(val_ds)))
+        example = {k: v[0] for k, v in first.items()}
+        callbacks.append(ValidationSamples(network, d, example, str(workdir / "logs" / "samples")))
     interval = t.eval_interval * accumulation  # Keras counts micro-batches
     validation = {}
     if start_step == 0 and val_ds is not None:
