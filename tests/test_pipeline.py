@@ -123,7 +123,6 @@ def test_reference_mel_is_the_reference_clip(utterances):
 
 
 def test_length_filter_drops_clips_outside_the_limits(utterances):
-    durations = sorted(u.duration_s or 0 for u in utterances)
     config = _config("data.min_duration_s=3.0", "data.max_duration_s=6.0")
     kept = [n for b in build_dataset(config, utterances, training=False).as_numpy_iterator() for n in b["mel_length"]]
     seconds = [(n - 1) * 256 / 22050 for n in kept]

@@ -11,8 +11,7 @@ from myxtts.config import load_config
 from myxtts.data.manifest import read_manifest
 from myxtts.data.pipeline import build_dataset
 from myxtts.data.text import Vocabulary
-from myxtts.models.xtts import XTTS
-from myxtts.training.checkpoints import Checkpoints
+from myxtts.models.xtts import network_for
 from myxtts.training.step import TrainingModel
 from myxtts.training.trainer import train
 
@@ -53,8 +52,7 @@ def float32_policy():
 
 def _model(vocabulary, config, optimizer, seed=0):
     keras.utils.set_random_seed(seed)
-    network = XTTS(vocab_size=len(vocabulary), n_mels=config.data.n_mels, size="tiny",
-                   max_text_length=config.data.bucket_text_lengths[-1], max_mel_frames=config.data.bucket_mel_lengths[-1])
+    network = network_for(config, len(vocabulary))  # model.size is tiny in _config
     model = TrainingModel(network)
     model.compile(optimizer=optimizer, jit_compile=False)
     return model

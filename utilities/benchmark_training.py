@@ -35,7 +35,7 @@ def measure(corpus: str, size: str, mode: str, precision: str, batch_size: int, 
     from myxtts.data.manifest import read_manifest
     from myxtts.data.pipeline import build_dataset
     from myxtts.data.text import Vocabulary
-    from myxtts.models.xtts import XTTS
+    from myxtts.models.xtts import network_for
     from myxtts.training.step import TrainingModel
 
     keras.config.set_dtype_policy(precision)
@@ -46,8 +46,7 @@ def measure(corpus: str, size: str, mode: str, precision: str, batch_size: int, 
     dataset = build_dataset(config, rows, training=True, vocabulary=vocabulary)
     batch = next(iter(dataset))  # one real batch, reused: this measures compute, not input
     d = config.data
-    network = XTTS(vocab_size=len(vocabulary), n_mels=d.n_mels, size=size,
-                   max_text_length=d.bucket_text_lengths[-1], max_mel_frames=d.bucket_mel_lengths[-1])
+    network = network_for(config, len(vocabulary))
     model = TrainingModel(network, data_config=d)
     model.compile(optimizer=keras.optimizers.AdamW(1e-4), jit_compile=mode == "xla")
     model(batch)

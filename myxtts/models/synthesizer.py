@@ -19,7 +19,7 @@ from myxtts.data.pipeline import reference_log_mel
 from myxtts.data.text import Vocabulary, tokenize
 from myxtts.models.griffin_lim import log_mel_to_audio, write_wav
 from myxtts.models.inference import generate
-from myxtts.models.xtts import XTTS
+from myxtts.models.xtts import XTTS, network_for
 
 
 class Synthesizer:
@@ -37,9 +37,7 @@ class Synthesizer:
             raise FileNotFoundError(f"{run_dir} is not a MyXTTS run folder (no config.yaml); pass the --output-dir of a training run")
         config = load_config(run_dir / "config.yaml")
         vocabulary = Vocabulary.load(run_dir / "vocab.txt")
-        d = config.data
-        network = XTTS(vocab_size=len(vocabulary), n_mels=d.n_mels, size=config.model.size,
-                       max_text_length=d.bucket_text_lengths[-1], max_mel_frames=d.bucket_mel_lengths[-1])
+        network = network_for(config, len(vocabulary))
         network.build()
         path = checkpoint or find_checkpoint(run_dir)
         tf.train.Checkpoint(network=network).restore(path).expect_partial().assert_existing_objects_matched()

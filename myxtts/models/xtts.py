@@ -220,3 +220,11 @@ def _attention_mask(num_latents: int, text_length, text_len, positions) -> tf.Te
     )  # [B, S]
     causal = tf.cast(tf.linalg.band_part(tf.ones(tf.stack([total, total])), -1, 0), tf.bool)  # [S, S] lower triangle
     return tf.logical_and(causal[None], key_valid[:, None, :])
+
+
+def network_for(config, vocab_size: int) -> XTTS:
+    """The network a run's config describes: its size, its mel bands, and room for the largest
+    bucket's text and mel lengths. Training, synthesis and the tools all build it through here."""
+    d = config.data
+    return XTTS(vocab_size=vocab_size, n_mels=d.n_mels, size=config.model.size,
+                max_text_length=d.bucket_text_lengths[-1], max_mel_frames=d.bucket_mel_lengths[-1])

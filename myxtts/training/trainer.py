@@ -28,7 +28,7 @@ from myxtts.data.text import Vocabulary
 from myxtts.hardware.detect import detect_machine
 from myxtts.hardware.plan import RequestedSettings, plan_for_machine
 from myxtts.hardware.report import short_summary
-from myxtts.models.xtts import XTTS
+from myxtts.models.xtts import network_for
 from myxtts.training.callbacks import (CheckpointSaver, NonFiniteGuard, ProgressLogger, StopAtStep, ValidationSamples,
                                        console_echo, optimizer_step)
 from myxtts.training.checkpoints import Checkpoints, CheckpointError
@@ -152,13 +152,7 @@ def _fit(config: Config, policy: str, workdir: Path, train_rows, val_rows, vocab
     """One attempt: build model, optimizer and datasets for the config's batch, restore, fit."""
     t, d = config.training, config.data
     accumulation = max(t.gradient_accumulation_steps, 1)
-    network = XTTS(
-        vocab_size=len(vocabulary),
-        n_mels=d.n_mels,
-        size=config.model.size,
-        max_text_length=d.bucket_text_lengths[-1],
-        max_mel_frames=d.bucket_mel_lengths[-1],
-    )
+    network = network_for(config, len(vocabulary))
     model = TrainingModel(network, data_config=d)
     optimizer = build_optimizer(t, accumulation)
     if policy == "mixed_float16":
