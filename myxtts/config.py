@@ -128,6 +128,7 @@ class TrainingConfig:
     eval_interval: int = 200
     checkpoint_interval: int = 200
     max_nonfinite_steps: int = 25
+    gradient_checkpointing: bool = False
 
 
 @dataclass

@@ -317,3 +317,25 @@ def test_loss_goes_down_on_a_fixed_batch():
     assert last["loss"] < 0.5 * first["loss"], (first, last)
     assert last["mel_loss"] < 0.5 * first["mel_loss"]
     assert last["stop_loss"] < first["stop_loss"] and last["text_loss"] < first["text_loss"]
+
+
+def test_gradient_checkpointing_gives_the_same_gradients():
+    from myxtts.models.losses import compute_losses
+
+    batch = make_batch()
+    results = []
+    for checkpointing in (False, True):
+        keras.utils.set_random_seed(0)
+        model = XTTS(vocab_size=VOCAB, n_mels=N_MELS, size="tiny", max_text_length=64, max_mel_frames=96,
+                     gradient_checkpointing=checkpointing)
+        model(batch)
+        if results:
+            model.set_weights(results[0][2])
+        with tf.GradientTape() as tape:
+            loss = compute_losses(batch, model(batch, training=True))["loss"]
+        grads = tape.gradient(loss, model.trainable_variables)
+        results.append((float(loss), [tf.convert_to_tensor(g).numpy() for g in grads], model.get_weights()))
+    assert results[0][0] == pytest.approx(results[1][0], rel=1e-6)
+    for a, b in zip(results[0][1], results[1][1]):
+        np.testing.assert_allclose(a, b, atol=1e-6)
+    assert XTTS.from_config(model.get_config()).gradient_checkpointing is True

@@ -43,7 +43,7 @@ class XTTS(keras.Model):
     `data.bucket_text_lengths` and `data.bucket_mel_lengths`)."""
 
     def __init__(self, vocab_size: int, n_mels: int, size: str = "small", max_text_length: int = 320,
-                 max_mel_frames: int = 1040, **kwargs):
+                 max_mel_frames: int = 1040, gradient_checkpointing: bool = False, **kwargs):
         super().__init__(**kwargs)
         spec = get_size(size)
         self.vocab_size = vocab_size
@@ -51,6 +51,11 @@ class XTTS(keras.Model):
         self.size = size
         self.max_text_length = max_text_length
         self.max_mel_frames = max_mel_frames
+        # Recompute each transformer block's activations in the backward pass instead of keeping
+        # them: about a block's forward pass more compute for much less activation memory.
+        # Known limit: on the TensorFlow backend the recomputation draws fresh dropout masks, so
+        # with dropout > 0 the recomputed blocks' gradients use other masks than the forward pass.
+        self.gradient_checkpointing = gradient_checkpointing
         self.spec = spec
         self.reduction_factor = spec.reduction_factor
         self.max_mel_positions = math.ceil(max_mel_frames / spec.reduction_factor)
@@ -145,7 +150,10 @@ class XTTS(keras.Model):
 
         attention_mask = _attention_mask(num_latents, text_length, text_len, positions)
         for block in self.blocks:
-            x = block(x, attention_mask=attention_mask, training=training)
+            if self.gradient_checkpointing and training:
+                x = keras.remat(lambda h, block=block: block(h, attention_mask=attention_mask, training=training))(x)
+            else:
+                x = block(x, attention_mask=attention_mask, training=training)
         x = self.final_norm(x)
 
         text_hidden = x[:, num_latents : num_latents + text_len]  # [B, L, d]
@@ -195,6 +203,7 @@ class XTTS(keras.Model):
             size=self.size,
             max_text_length=self.max_text_length,
             max_mel_frames=self.max_mel_frames,
+            gradient_checkpointing=self.gradient_checkpointing,
         )
         return config
 
@@ -227,4 +236,5 @@ def network_for(config, vocab_size: int) -> XTTS:
     bucket's text and mel lengths. Training, synthesis and the tools all build it through here."""
     d = config.data
     return XTTS(vocab_size=vocab_size, n_mels=d.n_mels, size=config.model.size,
-                max_text_length=d.bucket_text_lengths[-1], max_mel_frames=d.bucket_mel_lengths[-1])
+                max_text_length=d.bucket_text_lengths[-1], max_mel_frames=d.bucket_mel_lengths[-1],
+                gradient_checkpointing=config.training.gradient_checkpointing)
