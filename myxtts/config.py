@@ -129,6 +129,7 @@ class TrainingConfig:
     checkpoint_interval: int = 200
     max_nonfinite_steps: int = 25
     gradient_checkpointing: bool = False
+    log_samples: bool = True
 
 
 @dataclass

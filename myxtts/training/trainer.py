@@ -196,7 +196,7 @@ def _fit(config: Config, policy: str, workdir: Path, train_rows, val_rows, vocab
         saver,
         keras.callbacks.TensorBoard(str(workdir / "logs"), update_freq=t.log_interval * accumulation),
     ]
-    if val_ds is not None:
+    if val_ds is not None and t.log_samples:
         # The fixed sentence: the first clip of the (ordered) validation set, with features computed
         # the way the step sees them.
         first = model.with_mel(next(iter(val_ds)))
