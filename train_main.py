@@ -11,7 +11,9 @@ presets for keys left null. Run with --help for every flag.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import warnings
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent
@@ -71,6 +73,12 @@ def build_config(args: argparse.Namespace):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    # TensorFlow's C++ start-up chatter (CUDA probing, oneDNN notes) buries our own lines; errors still show.
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    # Keras warns that `shuffle` is ignored for datasets (ours shuffle themselves) and that the
+    # validation set "ran out of data" (it is finite on purpose).
+    warnings.filterwarnings("ignore", message=".*shuffle=True.*was passed.*")
+    warnings.filterwarnings("ignore", message=".*input ran out of data.*")
     from myxtts.config import ConfigError
 
     try:
