@@ -1,0 +1,131 @@
+"""The diagnosis: run the three measurements, sample the GPU, decide, recommend, build the report.
+
+    static checks (done by the caller) -> (a) input pipeline alone -> compile every bucket shape
+      -> (b) step alone on one batch -> (c) real training, split per step, GPU sampled meanwhile
+      -> verdict -> ranked recommendations -> report (validated against REPORT_SCHEMA)
+
+`diagnose` takes a dataset and a `CompiledStep`, not a config, so a test can hand it a pipeline
+slowed by a sleeping `tf.numpy_function`, or a step that is slow on purpose, and check the
+verdict. `utilities/diagnose_gpu_bottleneck.py` builds the real ones from a config.
+"""
+
+from __future__ import annotations
+
+import datetime
+import time
+from typing import Any, Callable, Protocol
+
+import numpy as np
+import tensorflow as tf
+
+from myxtts.diagnostics import timing
+from myxtts.diagnostics.gpu_sampler import GpuSeries, summarize_utilization
+from myxtts.diagnostics.report_schema import SCHEMA_VERSION, validate_report
+from myxtts.diagnostics.verdict import decide, recommend
+
+
+class Sampler(Protocol):
+    def start(self) -> str | None: ...
+    def stop(self) -> GpuSeries | None: ...
+
+
+def gpu_section(series: GpuSeries | None, note: str | None, origin_s: float, end_s: float | None = None) -> dict:
+    """The report's `gpu` part; `origin_s` (epoch seconds, the first timed step) is time zero.
+
+    Utilization samples outside [origin_s, end_s] (the untimed first step, the thread's start and
+    stop) are left out, so the GPU numbers describe the same steps as the timing split.
+    """
+    if series is None:
+        return {"available": False, "note": note, "source": None, "device": None, "samples": 0,
+                "utilization": None, "oscillation": None, "memory_used_bytes": None, "memory_total_bytes": None,
+                "memory_controller_mean": None, "idle_reason_share": None, "errors": 0, "series": []}
+    end_s = np.inf if end_s is None else end_s
+    kept = [(t, u) for t, u in zip(series.times_s, series.utilization) if origin_s <= t <= end_s]
+    times, values = [t for t, _ in kept], [u for _, u in kept]
+    summary = summarize_utilization(times, values)
+    return {
+        "available": True,
+        "note": (f"{series.errors} NVML reads failed, first: {series.first_error}" if series.errors else None),
+        "source": series.source,
+        "device": series.device,
+        "samples": len(values),
+        "utilization": None if summary is None else {k: summary[k] for k in ("mean", "p10", "p90", "below_30_share")},
+        "oscillation": None if summary is None else {"score": summary["oscillation_score"],
+                                                     "period_s": summary["oscillation_period_s"]},
+        "memory_used_bytes": max(series.memory_used_bytes) if series.memory_used_bytes else None,
+        "memory_total_bytes": series.memory_total_bytes,
+        "memory_controller_mean": float(np.mean(series.memory_controller)) if series.memory_controller else None,
+        "idle_reason_share": series.idle_reason_ticks / series.reason_ticks if series.reason_ticks else None,
+        "errors": series.errors,
+        "series": [[round(t - origin_s, 4), float(u)] for t, u in kept],
+    }
+
+
+def diagnose(
+    dataset: tf.data.Dataset,
+    step: timing.CompiledStep,
+    *,
+    num_batches: int,
+    static: dict,
+    machine: dict,
+    config_info: dict,
+    precompile: bool = True,
+    sampler: Sampler | None = None,
+    no_sampler_note: str | None = None,
+    step_repeats: int | None = None,
+    host_work: Callable[[Any], Any] = lambda outputs: None,
+    compute_capability: tuple[int, int] | None = None,
+    progress: Callable[[str], None] = lambda message: None,
+) -> dict:
+    """Measure, decide and recommend; returns the report (see `report_schema`)."""
+    progress(f"(a) input pipeline alone: {num_batches} batches")
+    pipeline, seen = timing.measure_input_pipeline(dataset, num_batches, progress)
+    progress(f"    {pipeline['batches_per_s']:.1f} batches/s, p50 {pipeline['p50_ms']:.0f} ms, p95 {pipeline['p95_ms']:.0f} ms")
+
+    # Compile every shape (a) met before anything is timed: a compilation inside (c) would both
+    # count as a slow step and give the pipeline idle seconds to fill its buffers.
+    started = time.perf_counter()
+    shapes = seen if precompile else []
+    for index, batch in enumerate(shapes, 1):
+        progress(f"compiling the step for batch shape {index}/{len(shapes)} ({timing.signal_shape(batch)})")
+        seconds = timing.run_once(step, batch)
+        progress(f"    {seconds:.1f} s")
+    compiled = {"shapes": len(shapes), "seconds": time.perf_counter() - started}
+
+    repeats = step_repeats or max(5, min(num_batches, 20))
+    progress(f"(b) train step alone on one batch: {repeats} steps")
+    step_alone = timing.measure_step_alone(step, seen[0], repeats, progress)
+
+    progress(f"(c) real training: {num_batches} steps, each split into input wait / compiled step / host")
+    note = sampler.start() if sampler is not None else no_sampler_note
+    if sampler is not None and note is None:
+        progress("    sampling GPU utilization through NVML")
+    series = None
+    try:
+        records = timing.measure_training(dataset, step, num_batches, host_work, progress)
+    finally:
+        # Stop the thread even when training fails, so NVML is shut down and the error surfaces.
+        if sampler is not None and note is None:
+            series = sampler.stop()
+    training = timing.summarize_training(records)
+    origin = records[0].start_s if records else time.time()
+    end = records[-1].start_s + records[-1].total_s if records else origin
+    gpu = gpu_section(series, note, origin, end)
+
+    measurements = {"input_pipeline": pipeline, "precompile": compiled, "step_alone": step_alone,
+                    "training": training}
+    verdict = decide(training, gpu, pipeline, step_alone)
+    report = {
+        "schema_version": SCHEMA_VERSION,
+        "created_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "config": config_info,
+        "machine": machine,
+        "static": static,
+        "measurements": measurements,
+        "gpu": gpu,
+        "verdict": {"kind": verdict.kind, "input_classification": training["input_classification"],
+                    "reasons": verdict.reasons},
+        "recommendations": recommend(verdict, static, measurements, gpu, compute_capability),
+    }
+    validate_report(report)
+    return report

@@ -1,0 +1,98 @@
+"""The model, optimizer and compiled train step of a config, built the way `train()` builds them.
+
+`myxtts.training.trainer` builds these inline before handing them to `Model.fit`; the diagnostics
+need the same objects without `fit`, so that each step can be timed on its own. This module
+repeats those few lines (`network_for`, `TrainingModel` with the data config, the optimizer with
+accumulation, loss scaling under float16, `compile` with XLA and graph mode, every variable built
+from one real batch up front) and compiles the step the way Keras' TensorFlow trainer does:
+`tf.function(train_step, jit_compile=..., reduce_retracing=True)`. It is written so the trainer
+could share it later.
+
+`prepare_run` does what `train()` does before that: resolve the automatic values from the
+hardware plan, read the training split, build the vocabulary and the training dataset.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import keras
+import tensorflow as tf
+
+from myxtts.config import Config
+from myxtts.data.manifest import Utterance
+from myxtts.data.pipeline import build_dataset
+from myxtts.data.text import Vocabulary
+from myxtts.diagnostics.timing import CompiledStep
+from myxtts.models.xtts import network_for
+from myxtts.training.optimizers import build_optimizer
+from myxtts.training.step import TrainingModel
+from myxtts.training.trainer import load_splits, resolve_hardware
+
+
+@dataclass
+class PreparedRun:
+    config: Config  # automatic values (batch, workers, accumulation) resolved by the hardware plan
+    policy: str  # the Keras dtype policy training would use
+    rows: list[Utterance]  # the training split
+    vocabulary: Vocabulary
+    dataset: tf.data.Dataset  # training batches, one pass (the callers repeat it)
+
+
+def prepare_run(config: Config, echo=print) -> PreparedRun:
+    """Everything `train()` does before building the model, minus writing to a run folder."""
+    config, policy = resolve_hardware(config, echo)
+    rows, _ = load_splits(config)
+    vocabulary = Vocabulary.from_texts(u.text for u in rows)
+    dataset = build_dataset(config, rows, training=True, vocabulary=vocabulary)
+    return PreparedRun(config=config, policy=policy, rows=rows, vocabulary=vocabulary, dataset=dataset)
+
+
+@dataclass
+class TrainingSetup:
+    model: TrainingModel
+    optimizer: keras.optimizers.Optimizer
+    step: CompiledStep
+
+
+def build_training_setup(config: Config, vocab_size: int, policy: str, sample_batch: dict) -> TrainingSetup:
+    """Network, optimizer and compiled step for a config whose automatic values are resolved.
+
+    Sets the global Keras dtype policy to `policy`, as training does; `sample_batch`, a batch of
+    the training dataset, builds every variable (network and optimizer) before the step is compiled.
+    """
+    d, t = config.data, config.training
+    keras.config.set_dtype_policy(policy)
+    keras.utils.set_random_seed(config.seed)
+    accumulation = max(t.gradient_accumulation_steps, 1)
+    model = TrainingModel(network_for(config, vocab_size), data_config=d)
+    optimizer = build_optimizer(t, accumulation)
+    if policy == "mixed_float16":
+        optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
+    model.compile(
+        optimizer=optimizer,
+        jit_compile=bool(t.enable_xla_compilation),
+        run_eagerly=not t.enable_graph_mode,
+        steps_per_execution=t.steps_per_execution,
+    )
+    # The step applies gradients under tf.cond, where variables cannot be created: build them now.
+    model(sample_batch, training=False)
+    model.optimizer.build(model.network.trainable_variables)
+
+    if t.enable_graph_mode:
+        run = tf.function(model.train_step, jit_compile=bool(t.enable_xla_compilation), reduce_retracing=True)
+    else:
+        run = model.train_step
+    step = CompiledStep(run=run, finish=_read_scalar, traces=lambda: model.train_step_traces)
+    return TrainingSetup(model=model, optimizer=optimizer, step=step)
+
+
+def _read_scalar(logs: dict) -> float:
+    # Reading a value the step returned waits for the step to finish on the device; this is the
+    # same read the training callbacks make every step (NonFiniteGuard).
+    return float(logs["nonfinite_in_a_row"])
+
+
+def read_all_metrics(logs: dict) -> dict:
+    """What the training loop's callbacks do with a step's outputs: every metric to a Python float."""
+    return {name: float(value) for name, value in logs.items()}

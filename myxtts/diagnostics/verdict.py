@@ -1,0 +1,227 @@
+"""From measurements to a verdict and to ranked config changes.
+
+The verdict is the first rule that holds, in this order:
+
+1. **input-bound**: the input share (input wait / step time) is >= 20%, the TensorBoard
+   profiler's "highly input bound"; or it is >= 5% ("moderately") and the GPU's utilization
+   oscillates (score >= 0.3), the sawtooth of a device that waits for every batch.
+2. **host-overhead-bound**: the host's own work between steps is >= 20% of the step; or a GPU was
+   sampled, averaged below 50% and the input share is below 20%: batches were ready, yet the
+   device idled, so the time goes to launching work (many small kernels, one step per call).
+3. **memory-bound**: a GPU was sampled and its memory controller was busy >= 60% of the time on
+   average, or its memory was >= 95% full: the step waits on memory traffic, or has no room to grow.
+4. **compute-bound**: otherwise. The step's own math is the limit, which is where training should be.
+
+Each recommendation names one config key and the value to set (`key` and `value`, written as a
+YAML line in `change`), or for Python inside the pipeline, the code to replace (`key` null). They
+are ranked: first those that address the verdict, then the smaller findings (a moderate input
+share under another verdict, audio read slower than the step needs, XLA compiling for longer than
+it can pay back on a CPU, XLA without bucketing). A key already at the recommended value is
+never recommended.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from myxtts.diagnostics.gpu_sampler import OSCILLATING_SCORE
+from myxtts.diagnostics.timing import HIGHLY_INPUT_BOUND, MODERATELY_INPUT_BOUND
+
+VERDICTS = ("input-bound", "host-overhead-bound", "memory-bound", "compute-bound")
+HOST_OVERHEAD_SHARE = 0.20
+LOW_GPU_UTILIZATION = 50.0
+MEMORY_CONTROLLER_BUSY = 60.0
+GPU_MEMORY_FULL = 0.95
+GPU_MEMORY_ROOMY = 0.50
+# Without a GPU, an XLA compilation per shape that costs this many steps is not worth it: XLA speeds
+# a CPU step up by a few percent at most (measured in FACTS.md), so it never pays the compile back
+# within a short run.
+CPU_XLA_COMPILE_STEPS = 20
+# Read throughput below this multiple of what training consumes leaves no margin for a cold disk.
+READ_MARGIN = 2.0
+
+
+@dataclass
+class Verdict:
+    kind: str
+    reasons: list[str] = field(default_factory=list)
+
+
+def decide(training: dict, gpu: dict | None, pipeline: dict | None = None, step_alone: dict | None = None) -> Verdict:
+    """The verdict from the training split (`timing.summarize_training`) and the GPU summary.
+
+    `pipeline` and `step_alone`, the two measurements on their own, only add a line to the reasons:
+    the verdict rests on what happened when both ran together.
+    """
+    share = training["input_share"]
+    host_share = training["host_other"]["share"]
+    utilization = (gpu or {}).get("utilization")
+    oscillation = (gpu or {}).get("oscillation") or {}
+    score = oscillation.get("score") or 0.0
+    reasons = [f"input wait is {share:.0%} of the step ({training['input_classification']} input-bound by "
+               f"the TensorBoard profiler's thresholds: >= {MODERATELY_INPUT_BOUND:.0%} moderately, "
+               f">= {HIGHLY_INPUT_BOUND:.0%} highly)"]
+    supply, demand = (pipeline or {}).get("batches_per_s"), (step_alone or {}).get("steps_per_s")
+    if supply and demand:
+        reasons.append(f"on their own, the input pipeline supplies {supply:.1f} batches/s and the step consumes "
+                       f"{demand:.1f}/s: the pipeline has {supply / demand:.1f}x the step's need")
+    if utilization:
+        reasons.append(f"GPU utilization averaged {utilization['mean']:.0f}% (p10 {utilization['p10']:.0f}%, "
+                       f"p90 {utilization['p90']:.0f}%), below 30% for {utilization['below_30_share']:.0%} of the time; "
+                       f"oscillation score {score:.2f}")
+
+    if share >= HIGHLY_INPUT_BOUND:
+        return Verdict("input-bound", reasons + ["the step waits for its batch: the input pipeline is the limit"])
+    if share >= MODERATELY_INPUT_BOUND and score >= OSCILLATING_SCORE:
+        period = oscillation.get("period_s")
+        return Verdict("input-bound", reasons + [
+            f"the GPU's utilization swings with a period of {period:.2f} s while the step waits for input: "
+            "the device starves between batches" if period else
+            "the GPU's utilization swings while the step waits for input"])
+    if host_share >= HOST_OVERHEAD_SHARE:
+        return Verdict("host-overhead-bound", reasons + [
+            f"host work outside the compiled step is {host_share:.0%} of the step"])
+    if utilization and utilization["mean"] < LOW_GPU_UTILIZATION:
+        return Verdict("host-overhead-bound", reasons + [
+            f"batches were ready (input wait {share:.0%}) yet the GPU averaged {utilization['mean']:.0f}%: "
+            "the time goes to launching work, not to doing it"])
+    if gpu and gpu.get("available"):
+        memory_busy = gpu.get("memory_controller_mean")
+        used, total = gpu.get("memory_used_bytes"), gpu.get("memory_total_bytes")
+        if memory_busy is not None and memory_busy >= MEMORY_CONTROLLER_BUSY:
+            return Verdict("memory-bound", reasons + [
+                f"the memory controller was busy {memory_busy:.0f}% of the time: the step waits on memory traffic"])
+        if used and total and used / total >= GPU_MEMORY_FULL:
+            return Verdict("memory-bound", reasons + [
+                f"GPU memory is {used / total:.0%} full: no room for a larger batch, close to running out"])
+    compiled_share = training["compiled_step"]["share"]
+    where = "" if gpu and gpu.get("available") else " (no GPU: the step runs on the CPU, so a GPU is the fix)"
+    return Verdict("compute-bound", reasons + [
+        f"the compiled step is {compiled_share:.0%} of the step: the model's own math is the limit{where}"])
+
+
+def _change(key: str, value: Any) -> str:
+    """The YAML line, e.g. `data.cache_features: true` (JSON spells booleans and numbers as YAML does)."""
+    return f"{key}: {value if isinstance(value, str) else json.dumps(value)}"
+
+
+class _Ranked:
+    """Collects recommendations in order, skipping a key already recommended or already set."""
+
+    def __init__(self, settings: dict):
+        self.settings = settings
+        self.items: list[dict] = []
+
+    def key(self, key: str, value: Any, reason: str, current: Any = None) -> None:
+        if any(item["key"] == key for item in self.items) or current == value:
+            return
+        self.items.append({"key": key, "value": value, "change": _change(key, value), "reason": reason})
+
+    def code(self, change: str, reason: str) -> None:
+        self.items.append({"key": None, "value": None, "change": change, "reason": reason})
+
+    def ranked(self) -> list[dict]:
+        return [{"rank": rank, **item} for rank, item in enumerate(self.items, 1)]
+
+
+def recommend(verdict: Verdict, static: dict, measurements: dict, gpu: dict | None,
+              compute_capability: tuple[int, int] | None = None) -> list[dict]:
+    """Ranked changes for the verdict, then for the smaller findings. See the module docstring."""
+    settings = static["settings"]
+    training = measurements["training"]
+    out = _Ranked(settings)
+    gpu_on = bool(gpu and gpu.get("available"))
+    used, total = (gpu or {}).get("memory_used_bytes"), (gpu or {}).get("memory_total_bytes")
+    memory_share = used / total if used and total else None
+
+    def input_changes():
+        for op in static["python_ops"]:
+            out.code(f"replace the {op['op']} '{op['node']}' in {op['stage']} with TensorFlow ops",
+                     "Python in the pipeline runs under the GIL, one element at a time, whatever data.num_workers says")
+        out.key("data.cache_features", True, "features computed once and read from memory from the second epoch on",
+                settings["cache_features"])
+        workers, cores = settings["num_workers"], static["cpu"]["usable_cores"]
+        if workers > cores:
+            out.key("data.num_workers", 0, f"{static['cpu']['note']}; 0 sizes the parallel calls automatically", workers)
+        elif 0 < workers < cores:
+            # An explicit count: 0 ("automatic") would let the hardware plan pick the same number again.
+            out.key("data.num_workers", cores, f"only {workers} of {cores} usable cores prepare batches", workers)
+        if settings["prefetch_buffer_size"] and settings["prefetch_buffer_size"] < 2:
+            out.key("data.prefetch_buffer_size", 0, "a buffer of one batch cannot hide a slow batch; 0 = autotune",
+                    settings["prefetch_buffer_size"])
+        if gpu_on:
+            out.key("data.prefetch_to_gpu", True, "copies the next batches to the GPU while the current step runs",
+                    settings["prefetch_to_gpu"])
+            if not settings["cache_features"] or static["python_ops"]:
+                out.key("data.mel_on_device", True, "the step computes the log-mel on the GPU and the host only "
+                        "decodes audio (where the feature cache is off or does not fit in RAM)",
+                        settings.get("mel_on_device", False))
+        if settings["deterministic"]:
+            out.key("data.deterministic", False, "ordered output makes every batch wait for its slowest clip", True)
+
+    if verdict.kind == "input-bound":
+        input_changes()
+    elif verdict.kind == "host-overhead-bound":
+        out.key("training.enable_graph_mode", True, "eager steps dispatch every op from Python", settings["graph_mode"])
+        out.key("training.steps_per_execution", 4, "several steps per compiled call: one host round trip for four steps",
+                settings["steps_per_execution"])
+        if gpu_on:
+            out.key("training.enable_xla_compilation", True, "XLA fuses the step into fewer, larger kernels: fewer launches",
+                    settings["xla"])
+        if memory_share is None or memory_share < GPU_MEMORY_ROOMY:
+            batch = settings["batch_size"]
+            out.key("data.batch_size", 2 * batch, f"more work per launch ({batch} -> {2 * batch} clips); automatic "
+                    "gradient accumulation keeps the effective batch", batch)
+    elif verdict.kind == "memory-bound":
+        _precision_change(out, settings, compute_capability, "half-precision activations halve the memory traffic")
+        out.key("training.enable_xla_compilation", True, "XLA fuses element-wise ops, saving round trips through memory",
+                settings["xla"])
+        if memory_share is not None and memory_share >= GPU_MEMORY_FULL:
+            batch = settings["batch_size"]
+            out.key("data.batch_size", max(batch // 2, 1), "leave memory headroom; automatic gradient accumulation "
+                    "keeps the effective batch", batch)
+    else:  # compute-bound
+        if gpu_on:
+            _precision_change(out, settings, compute_capability, "tensor cores run half precision several times faster")
+            out.key("training.enable_xla_compilation", True, "XLA fuses the step's kernels", settings["xla"])
+            utilization = (gpu or {}).get("utilization") or {}
+            if memory_share is not None and memory_share < GPU_MEMORY_ROOMY and utilization.get("mean", 100) < 80:
+                batch = settings["batch_size"]
+                out.key("data.batch_size", 2 * batch, f"the GPU is not full ({memory_share:.0%} of memory) and "
+                        "not always busy: a larger batch fills it", batch)
+
+    # Smaller findings, whatever the verdict.
+    if verdict.kind != "input-bound" and training["input_share"] >= MODERATELY_INPUT_BOUND:
+        input_changes()
+    elif verdict.kind != "input-bound" and static["python_ops"]:
+        for op in static["python_ops"]:
+            out.code(f"replace the {op['op']} '{op['node']}' in {op['stage']} with TensorFlow ops",
+                     "not the limit today, but it caps the pipeline at about one core")
+    throughput, alone = static.get("read_throughput"), measurements.get("step_alone") or {}
+    if throughput and throughput.get("mb_per_s") and throughput.get("mean_file_bytes") and alone.get("steps_per_s"):
+        needed = throughput["mean_file_bytes"] * 2 * settings["batch_size"] * alone["steps_per_s"] / 1e6  # clip + reference
+        if throughput["mb_per_s"] < READ_MARGIN * needed:
+            out.key("data.cache_features", True, f"reading the audio gives {throughput['mb_per_s']:.0f} MB/s, the step "
+                    f"alone would consume about {needed:.0f} MB/s", settings["cache_features"])
+    compiled = measurements.get("precompile") or {}
+    if not gpu_on and settings["xla"] and compiled.get("shapes") and alone.get("steps_per_s"):
+        per_shape = compiled["seconds"] / compiled["shapes"]
+        if per_shape * alone["steps_per_s"] >= CPU_XLA_COMPILE_STEPS:
+            out.key("training.enable_xla_compilation", False, f"without a GPU, XLA took {per_shape:.0f} s to compile "
+                    f"each batch shape, the time of {per_shape * alone['steps_per_s']:.0f} steps, and gains little "
+                    "on a CPU", True)
+    if settings["xla"] and not settings["bucketing"]:
+        out.key("data.bucketing", True, f"XLA compiles one program per shape; {training['compile_steps']} of "
+                f"{training['steps']} measured steps compiled", False)
+    return out.ranked()
+
+
+def _precision_change(out: _Ranked, settings: dict, compute_capability, reason: str) -> None:
+    if settings["dtype_policy"] != "float32" or compute_capability is None:
+        return
+    if compute_capability >= (8, 0):
+        out.key("training.precision", "bf16", reason + " (bf16 needs no loss scaling)", settings["precision"])
+    elif compute_capability >= (7, 0):
+        out.key("training.precision", "fp16", reason + " (with loss scaling)", settings["precision"])

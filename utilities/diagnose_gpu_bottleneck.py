@@ -1,0 +1,175 @@
+#!/usr/bin/env python3
+"""Is training input-bound or compute-bound, why, and which config key to change.
+
+    python utilities/diagnose_gpu_bottleneck.py --config configs/config.yaml --batch-size 16 --num-batches 50
+    python utilities/diagnose_gpu_bottleneck.py --config configs/demo.yaml --train-data /tmp/demo400 \\
+        --set model.size=small --json report.json --plot timeline.png --apply
+
+1. Static checks, before anything runs: Python ops in the input pipeline's graph (and which
+   transformation holds them), graph mode, XLA, precision, prefetch, caching, bucketing, CPU cores
+   against data.num_workers, read throughput of the audio files.
+2. Measurements, each on its own: (a) the input pipeline alone, (b) the train step alone on one
+   batch, (c) real training with every step split into input wait, compiled step and host work.
+3. GPU utilization through NVML in a background thread during (c) (skipped, in one line, without a GPU).
+4. A verdict (input-bound, host-overhead-bound, memory-bound, compute-bound) and ranked config
+   changes; --apply writes them into <config>.diagnosed.yaml next to the config, never over it.
+
+The table goes to stdout, progress to stderr. The JSON layout is documented in
+myxtts/diagnostics/report_schema.py. The model, optimizer and step are built as train_main.py
+builds them, so the numbers are those of a real run of the same config.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+from pathlib import Path
+
+REPOSITORY_ROOT = Path(__file__).resolve().parent.parent
+
+
+def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", type=Path, help="YAML config (default: configs/config.yaml's defaults)")
+    parser.add_argument("--train-data", help="LJSpeech folder, metadata.csv or JSONL manifest (data.train_data)")
+    parser.add_argument("--batch-size", type=int, help="clips per batch (data.batch_size); default: the config's")
+    parser.add_argument("--num-batches", type=int, default=50,
+                        help="batches for the pipeline measurement and training steps to split (default: %(default)s)")
+    parser.add_argument("--step-repeats", type=int, default=None,
+                        help="steps for the step-alone measurement (default: --num-batches, 5 to 20)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="override any config key, e.g. --set model.size=small (repeatable)")
+    parser.add_argument("--json", type=Path, help="write the report as JSON to this file")
+    parser.add_argument("--plot", type=Path, help="write a PNG timeline of GPU utilization and input wait")
+    parser.add_argument("--apply", action="store_true",
+                        help="write the recommended keys into <config>.diagnosed.yaml next to --config")
+    arguments = parser.parse_args(argv)
+    if arguments.num_batches < 2:
+        parser.error(f"--num-batches must be at least 2, got {arguments.num_batches}")
+    if arguments.batch_size is not None and arguments.batch_size < 1:
+        parser.error(f"--batch-size must be at least 1, got {arguments.batch_size}")
+    if arguments.apply and arguments.config is None:
+        parser.error("--apply needs --config: the patched copy is written next to that file")
+    return arguments
+
+
+def _progress(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def _no_gpu_note(facts) -> str:
+    nvml_notes = [note for note in facts.notes if "NVML" in note or "pynvml" in note]
+    reason = nvml_notes[0].split("; planning for CPU")[0] if nvml_notes else "NVML reports no GPU"
+    return f"no GPU to sample ({reason}); the measurements above ran on the CPU"
+
+
+def main(argv: list[str] | None = None) -> int:
+    arguments = parse_arguments(argv)
+    # Quiets TensorFlow's C++ start-up lines so progress stays readable; set before TF is imported.
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    if str(REPOSITORY_ROOT) not in sys.path:
+        sys.path.insert(0, str(REPOSITORY_ROOT))
+    from myxtts.config import ConfigError, load_config
+    from myxtts.data.manifest import ManifestError
+
+    overrides = []
+    if arguments.train_data:
+        overrides.append(f"data.train_data={arguments.train_data}")
+    if arguments.batch_size:
+        overrides.append(f"data.batch_size={arguments.batch_size}")
+    overrides += arguments.set
+    try:
+        config = load_config(arguments.config, overrides=overrides)
+        report = run(config, arguments, overrides)
+    except (ConfigError, ManifestError, FileNotFoundError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+
+    from myxtts.diagnostics.config_patch import write_patched_config
+    from myxtts.diagnostics.report import format_report
+
+    print(format_report(report))
+    for path in (arguments.json, arguments.plot):
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+    if arguments.json:
+        arguments.json.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+        _progress(f"wrote {arguments.json}")
+    if arguments.plot:
+        from myxtts.diagnostics.timeline_plot import plot_timeline
+
+        plot_timeline(report, arguments.plot)
+        _progress(f"wrote {arguments.plot}")
+    if arguments.apply:
+        try:
+            path, changes = write_patched_config(arguments.config, report["recommendations"])
+        except ConfigError as error:
+            print(f"error: the patched config does not load, so it was not kept: {error}", file=sys.stderr)
+            return 1
+        if path is None:
+            _progress("--apply: no recommendation names a config key; nothing written")
+        else:
+            _progress(f"--apply: wrote {path} ({'; '.join(changes)}); {arguments.config} is unchanged")
+    return 0
+
+
+def run(config, arguments: argparse.Namespace, overrides: list[str]) -> dict:
+    """Build the real pipeline and step from the config, then diagnose them."""
+    import tensorflow as tf
+
+    from myxtts.data.pipeline import build_dataset
+    from myxtts.diagnostics.bottleneck import diagnose
+    from myxtts.diagnostics.gpu_sampler import UtilizationSampler
+    from myxtts.diagnostics.static_checks import static_checks
+    from myxtts.diagnostics.training_setup import build_training_setup, prepare_run, read_all_metrics
+    from myxtts.hardware.detect import detect_machine
+
+    facts = detect_machine()
+    _progress("preparing the run as train_main.py would (hardware plan, data, vocabulary)")
+    prepared = prepare_run(config, echo=_progress)
+    config = prepared.config
+    gpu_available = bool(tf.config.list_physical_devices("GPU"))
+
+    # TensorFlow cannot serialize a pipeline ending in prefetch_to_device, so the scan looks at the
+    # same pipeline without that last stage (it runs no Python either way).
+    scan_dataset = prepared.dataset
+    if config.data.prefetch_to_gpu and gpu_available:
+        scan_config = dataclasses.replace(config, data=dataclasses.replace(config.data, prefetch_to_gpu=False))
+        scan_dataset = build_dataset(scan_config, prepared.rows, training=True, vocabulary=prepared.vocabulary)
+    _progress("static checks: dataset graph, settings, cores, read throughput")
+    static = static_checks(config, scan_dataset, policy=prepared.policy, usable_cores=facts.usable_cpu_cores,
+                           gpu_available=gpu_available, audio_paths=[u.audio_path for u in prepared.rows])
+
+    _progress(f"building the {config.model.size} model and its train step "
+              f"(XLA {'on' if config.training.enable_xla_compilation else 'off'}, policy {prepared.policy})")
+    sample = next(iter(prepared.dataset.take(1)))  # as train() builds its variables
+    setup = build_training_setup(config, len(prepared.vocabulary), prepared.policy, sample)
+
+    sampler = UtilizationSampler(nvml_index=facts.gpus[0].nvml_index or 0) if facts.gpus else None
+    machine = {
+        "usable_cpu_cores": facts.usable_cpu_cores,
+        "gpus": [{"name": g.name, "nvml_index": g.nvml_index, "compute_capability": list(g.compute_capability),
+                  "total_memory_bytes": g.total_memory_bytes} for g in facts.gpus],
+        "notes": list(facts.notes),
+    }
+    return diagnose(
+        prepared.dataset,
+        setup.step,
+        num_batches=arguments.num_batches,
+        static=static,
+        machine=machine,
+        config_info={"path": str(arguments.config) if arguments.config else None, "overrides": overrides},
+        sampler=sampler,
+        no_sampler_note=None if facts.gpus else _no_gpu_note(facts),
+        step_repeats=arguments.step_repeats,
+        host_work=read_all_metrics,
+        compute_capability=facts.gpus[0].compute_capability if facts.gpus else None,
+        progress=_progress,
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())
