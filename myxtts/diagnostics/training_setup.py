@@ -1,12 +1,9 @@
 """The model, optimizer and compiled train step of a config, built the way `train()` builds them.
 
-`myxtts.training.trainer` builds these inline before handing them to `Model.fit`; the diagnostics
-need the same objects without `fit`, so that each step can be timed on its own. This module
-repeats those few lines (`network_for`, `TrainingModel` with the data config, the optimizer with
-accumulation, loss scaling under float16, `compile` with XLA and graph mode, every variable built
-from one real batch up front) and compiles the step the way Keras' TensorFlow trainer does:
-`tf.function(train_step, jit_compile=..., reduce_retracing=True)`. It is written so the trainer
-could share it later.
+The diagnostics need the trainer's objects without `fit`, so that each step can be timed on its
+own: the model and optimizer come from the trainer's own `build_training_model`, and the step is
+compiled the way Keras' TensorFlow trainer does: `tf.function(train_step, jit_compile=...,
+reduce_retracing=True)`.
 
 `prepare_run` does what `train()` does before that: resolve the automatic values from the
 hardware plan, read the training split, build the vocabulary and the training dataset.
@@ -24,10 +21,8 @@ from myxtts.data.manifest import Utterance
 from myxtts.data.pipeline import build_dataset
 from myxtts.data.text import Vocabulary
 from myxtts.diagnostics.timing import CompiledStep
-from myxtts.models.xtts import network_for
-from myxtts.training.optimizers import build_optimizer
 from myxtts.training.step import TrainingModel
-from myxtts.training.trainer import load_splits, resolve_hardware
+from myxtts.training.trainer import build_training_model, load_splits, resolve_hardware
 
 
 @dataclass
@@ -61,23 +56,11 @@ def build_training_setup(config: Config, vocab_size: int, policy: str, sample_ba
     Sets the global Keras dtype policy to `policy`, as training does; `sample_batch`, a batch of
     the training dataset, builds every variable (network and optimizer) before the step is compiled.
     """
-    d, t = config.data, config.training
+    t = config.training
     keras.config.set_dtype_policy(policy)
     keras.utils.set_random_seed(config.seed)
-    accumulation = max(t.gradient_accumulation_steps, 1)
-    model = TrainingModel(network_for(config, vocab_size), data_config=d)
-    optimizer = build_optimizer(t, accumulation)
-    if policy == "mixed_float16":
-        optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
-    model.compile(
-        optimizer=optimizer,
-        jit_compile=bool(t.enable_xla_compilation),
-        run_eagerly=not t.enable_graph_mode,
-        steps_per_execution=t.steps_per_execution,
-    )
-    # The step applies gradients under tf.cond, where variables cannot be created: build them now.
-    model(sample_batch, training=False)
-    model.optimizer.build(model.network.trainable_variables)
+    model = build_training_model(config, vocab_size, policy, sample_batch)
+    optimizer = model.optimizer
 
     if t.enable_graph_mode:
         run = tf.function(model.train_step, jit_compile=bool(t.enable_xla_compilation), reduce_retracing=True)

@@ -152,20 +152,10 @@ def _fit(config: Config, policy: str, workdir: Path, train_rows, val_rows, vocab
     """One attempt: build model, optimizer and datasets for the config's batch, restore, fit."""
     t, d = config.training, config.data
     accumulation = max(t.gradient_accumulation_steps, 1)
-    network = network_for(config, len(vocabulary))
-    model = TrainingModel(network, data_config=d)
-    optimizer = build_optimizer(t, accumulation)
-    if policy == "mixed_float16":
-        optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
-    model.compile(
-        optimizer=optimizer,
-        jit_compile=bool(t.enable_xla_compilation),
-        run_eagerly=not t.enable_graph_mode,
-        steps_per_execution=t.steps_per_execution,
-    )
     train_ds = build_dataset(config, train_rows, training=True, vocabulary=vocabulary)
     val_ds = build_dataset(config, val_rows, training=False, vocabulary=vocabulary) if val_rows else None
-    _build(model, train_ds)
+    model = build_training_model(config, len(vocabulary), policy, next(iter(train_ds.take(1))))
+    network, optimizer = model.network, model.optimizer
 
     checkpoints = Checkpoints(workdir / "checkpoints", network, optimizer, t.optimizer, yaml.safe_dump(config_lib.to_dict(config)))
     start_step = 0
@@ -233,12 +223,24 @@ def _fit(config: Config, policy: str, workdir: Path, train_rows, val_rows, vocab
     )
 
 
-def _build(model: TrainingModel, dataset: tf.data.Dataset) -> None:
-    """Create every variable (network and optimizer) before restoring or compiling a step.
+def build_training_model(config: Config, vocab_size: int, policy: str, sample_batch: dict) -> TrainingModel:
+    """Network, optimizer (accumulation; loss scaling under float16) and compile settings, with every
+    variable created from one real batch. The caller has set the Keras dtype policy to `policy`.
 
-    Restoring needs the variables to exist, and the step applies gradients under `tf.cond`, where
-    variables cannot be created.
+    Variables must exist before a checkpoint is restored into them, and the step applies gradients
+    under `tf.cond`, where variables cannot be created.
     """
-    batch = next(iter(dataset.take(1)))
-    model(batch, training=False)
+    t = config.training
+    model = TrainingModel(network_for(config, vocab_size), data_config=config.data)
+    optimizer = build_optimizer(t, max(t.gradient_accumulation_steps, 1))
+    if policy == "mixed_float16":
+        optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
+    model.compile(
+        optimizer=optimizer,
+        jit_compile=bool(t.enable_xla_compilation),
+        run_eagerly=not t.enable_graph_mode,
+        steps_per_execution=t.steps_per_execution,
+    )
+    model(sample_batch, training=False)
     model.optimizer.build(model.network.trainable_variables)
+    return model
