@@ -311,6 +311,9 @@ def baseline_dataset(config, utterances, vocabulary):
 
     def load(path: bytes) -> np.ndarray:
         samples, _ = librosa.load(path.decode("utf-8"), sr=c.sample_rate)  # resamples only if the rate differs
+        return normalize(samples)
+
+    def normalize(samples: np.ndarray) -> np.ndarray:
         if c.peak_normalize > 0:
             samples = samples * np.float32(c.peak_normalize / max(float(np.abs(samples).max(initial=0.0)), 1e-6))
         return samples.astype(np.float32)
@@ -328,10 +331,12 @@ def baseline_dataset(config, utterances, vocabulary):
         return load(path), np.asarray(ids, np.int32)
 
     def features(samples: np.ndarray, reference_path: bytes):
-        reference = load(reference_path)
+        # As a librosa user would: load the whole file, keep the middle, normalise that (the
+        # pipeline normalises the reference crop itself too, and decodes only those bytes).
+        reference, _ = librosa.load(reference_path.decode("utf-8"), sr=c.sample_rate)
         length = min(len(reference), c.reference_samples)
         start = (len(reference) - length) // 2  # the middle, away from leading and trailing silence
-        reference_mel = log_mel(reference[start : start + length])
+        reference_mel = log_mel(normalize(reference[start : start + length]))
         frames = reference_mel.shape[0]
         padded = np.full((c.reference_frames, c.n_mels), math.log(c.log_floor), np.float32)
         padded[:frames] = reference_mel
