@@ -42,6 +42,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     again.add_argument("--reset-training", action="store_true", help="delete the run folder's checkpoints and start from scratch")
     p.add_argument("--enable-eager-debug", action="store_true", help="run the step eagerly, without tf.function or XLA (slow; for debugging)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override any config key, e.g. --set data.cache_dir=/tmp/cache (repeatable)")
+    p.add_argument("--gpu", help="GPU(s) to train on: 0, 0,1, all or cpu (default: the choice saved in ~/.myxtts/gpu_config.json, "
+                   "a question on a terminal, else every GPU of the largest model); several GPUs train data-parallel")
     p.add_argument("--demo", action="store_true", help="build the demo corpus if absent and train the small model on it (configs/demo.yaml)")
     return p.parse_args(argv)
 
@@ -71,6 +73,23 @@ def build_config(args: argparse.Namespace):
     return config, config_path
 
 
+def choose_gpus(flag: str | None) -> None:
+    """Picks the GPUs (--gpu, a saved choice or a question) and exposes only them to CUDA.
+
+    CUDA reads CUDA_VISIBLE_DEVICES once, when TensorFlow starts, so this runs before the trainer
+    (and TensorFlow) is imported; the hardware plan then sees exactly the chosen GPUs.
+    """
+    from myxtts.hardware.detect import detect_machine
+    from myxtts.hardware.select import cuda_visible_devices_value, select_gpus
+
+    facts = detect_machine()
+    selection = select_gpus(facts, flag)
+    for message in selection.messages:
+        print(message, file=sys.stderr)
+    if facts.gpus or selection.source == "flag":
+        os.environ["CUDA_VISIBLE_DEVICES"] = cuda_visible_devices_value(facts, selection.indices)
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     # TensorFlow's C++ start-up chatter (CUDA probing, oneDNN notes) buries our own lines; errors still show.
@@ -84,6 +103,11 @@ def main(argv=None) -> int:
     try:
         config, config_path = build_config(args)
     except ConfigError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    try:
+        choose_gpus(args.gpu)
+    except ValueError as error:  # --gpu names a GPU that does not exist
         print(f"error: {error}", file=sys.stderr)
         return 2
     if args.demo and config.data.train_data == str(DEMO_CORPUS):

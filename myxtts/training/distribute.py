@@ -30,7 +30,11 @@ So, with several replicas:
   which would need a merge call to broadcast) is updated replica-locally too: every replica counts the
   same steps anyway.
 The cost: with gradient accumulation, gradients are all-reduced every micro-batch instead of once per
-update. Multi-GPU plans rarely accumulate (the replicas already make up the effective batch).
+update (accumulating locally first would put clipping back before the all-reduce).
+
+Keras glue, each measured to fail without it: `reducible_logs` (Keras averages logs across workers
+along axis 0, which scalars do not have), `evenly_split` (a replica handed an empty validation batch
+fails), `distribute_dataset` (one input pipeline per host, batches per replica).
 
 XLA: `Model.fit(jit_compile=True)` compiles the whole replicated step as one program, which cannot
 reach variables on several devices (FACTS.md). `xla_allowed` is False with several replicas, and the
@@ -91,7 +95,8 @@ def parse_tf_config(text: str) -> ClusterRole:
     cluster, task = config["cluster"], config.get("task")
     for name, addresses in cluster.items():
         if not isinstance(addresses, list) or not all(isinstance(a, str) and ":" in a for a in addresses):
-            raise DistributionError(f'TF_CONFIG cluster "{name}" must be a list of "host:port" strings, got {addresses!r}')
+            raise DistributionError(f'TF_CONFIG cluster "{name}" must be a list of "host:port" strings, '
+                                f"got {addresses!r}")
     if not isinstance(task, dict) or "type" not in task or "index" not in task:
         raise DistributionError('TF_CONFIG needs "task": {"type": "worker", "index": N} naming this process')
     task_type, task_id = str(task["type"]), task["index"]
@@ -242,12 +247,44 @@ def all_reduce_mean(values):
     return context.all_reduce(tf.distribute.ReduceOp.MEAN, values)
 
 
+def reducible_logs(logs: dict) -> dict:
+    """The step's logs in a form Keras can combine across workers: return `reducible_logs(logs)`.
+
+    Keras 3.15 combines replica outputs under MultiWorkerMirroredStrategy with
+    `strategy.reduce("MEAN", value, axis=0)`, which fails on scalars ("Invalid reduction dimension 0
+    for input with 0 dimensions", tensorflow#72388). Shape [1] reduces to the scalar mean over all
+    replicas. One host, any number of GPUs, keeps scalars (Keras averages those itself).
+    """
+    if not _across_workers(tf.distribute.get_strategy()):
+        return logs
+    return {name: tf.reshape(value, [1]) for name, value in logs.items()}
+
+
+def _across_workers(strategy: tf.distribute.Strategy) -> bool:
+    resolver = getattr(strategy, "cluster_resolver", None)
+    if not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy) or resolver is None:
+        return False
+    return sum(len(tasks) for tasks in resolver.cluster_spec().as_dict().values()) > 1
+
+
 # --------------------------------------------------------------------------------------------------
 # Batches
 
 
 def global_batch_size(per_replica_batch: int, strategy: tf.distribute.Strategy) -> int:
     return per_replica_batch * replicas(strategy)
+
+
+def planned_replicas(plan: Plan, environ: Mapping[str, str] | None = None) -> int:
+    """Replicas in all, known before any strategy exists: this host's devices times TF_CONFIG's hosts.
+
+    Every host is assumed to train on as many GPUs as this one (the strategy checks it once made).
+    """
+    environ = os.environ if environ is None else environ
+    local = max(plan.num_replicas, 1)
+    if environ.get("TF_CONFIG"):
+        return local * parse_tf_config(environ["TF_CONFIG"]).num_workers
+    return local
 
 
 def with_replicas(plan: Plan, num_replicas: int) -> Plan:
@@ -294,6 +331,26 @@ def distribute_dataset(strategy: tf.distribute.Strategy, per_replica_batch: int,
         return make_dataset(batch, context.input_pipeline_id, context.num_input_pipelines)
 
     return strategy.distribute_datasets_from_function(for_this_host)
+
+
+def evenly_split(dataset: tf.data.Dataset, strategy: tf.distribute.Strategy) -> tf.data.Dataset:
+    """Validation batches trimmed to a multiple of the replica count (unchanged with one replica).
+
+    Keras splits every batch across the replicas. A last batch with fewer clips than replicas leaves a
+    replica an empty batch, which the network rejects (its convolutions fail on zero clips, measured
+    on CPU), and uneven shares would weight clips unequally in the averaged losses. Trimming drops at
+    most replicas - 1 clips per batch: with bucketing, a few clips per validation pass.
+    """
+    count = replicas(strategy)
+    if count == 1:
+        return dataset
+
+    def trim(batch):
+        size = tf.shape(next(iter(batch.values())))[0] // count * count
+        return {name: value[:size] for name, value in batch.items()}
+
+    trimmed = dataset.map(trim, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    return trimmed.filter(lambda batch: tf.shape(next(iter(batch.values())))[0] > 0)
 
 
 def describe(strategy: tf.distribute.Strategy) -> str:

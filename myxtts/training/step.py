@@ -17,6 +17,7 @@ import tensorflow as tf
 
 from myxtts.data.pipeline import mel_from_audio
 from myxtts.models.losses import compute_losses
+from myxtts.training.distribute import all_reduce_mean, reducible_logs
 
 LOSS_NAMES = ("loss", "text_loss", "mel_loss", "stop_loss")
 
@@ -58,6 +59,9 @@ class TrainingModel(keras.Model):
         # vocabulary is small, so dense gradients cost nothing worth keeping the sparse form for.
         gradients = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g
                      for g in tape.gradient(scaled_loss, variables)]
+        # Several replicas: from here on every replica holds the global batch's mean gradients and
+        # losses, so clipping, the finite check and the logs are one device's (distribute.py).
+        gradients, losses = all_reduce_mean((gradients, losses))
         loss_scale = self._loss_scale()
         grad_norm = tf.linalg.global_norm(gradients) / loss_scale  # [] the unscaled norm
         finite = tf.math.logical_and(tf.math.is_finite(losses["loss"]), tf.math.is_finite(grad_norm))
@@ -79,14 +83,25 @@ class TrainingModel(keras.Model):
             nonfinite_in_a_row=self.nonfinite_in_a_row.value,
             learning_rate=self._learning_rate_or_d(),
         )
-        return logs
+        return reducible_logs(logs)
 
     def test_step(self, batch):
         batch = self.with_mel(batch)
-        losses = compute_losses(batch, self.network(batch, training=False))
+        # Per example: the means are over clips, and each tracker update depends on the batch. (With a
+        # scalar, Keras' Mean counts +1 without reading the batch, so evaluate's final, exhausted
+        # get_next still counted one batch more on datasets of unknown length: measured.)
+        losses = compute_losses(batch, self.network(batch, training=False), per_example=True)
         for name, tracker in self.loss_trackers.items():
             tracker.update_state(losses[name])
-        return {name: tracker.result() for name, tracker in self.loss_trackers.items()}
+        return reducible_logs({name: tracker.result() for name, tracker in self.loss_trackers.items()})
+
+    def _maybe_symbolic_build(self, iterator=None, data_batch=None):
+        # The trainer creates every variable before fit (build_training_model). Keras' version would first
+        # reduce a distributed batch across replicas as one structure, which fails for dict batches
+        # under MultiWorkerMirroredStrategy; with everything built it has nothing left to do anyway.
+        if self.built and self.optimizer is not None and self.optimizer.built:
+            return
+        super()._maybe_symbolic_build(iterator=iterator, data_batch=data_batch)
 
     def _apply(self, gradients, variables):
         self.optimizer.apply(gradients, variables)

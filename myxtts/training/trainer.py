@@ -26,11 +26,13 @@ from myxtts.data.manifest import read_manifest, split_train_val
 from myxtts.data.pipeline import build_dataset
 from myxtts.data.text import Vocabulary
 from myxtts.hardware.detect import detect_machine
-from myxtts.hardware.plan import RequestedSettings, plan_for_machine
+from myxtts.hardware.plan import Plan, RequestedSettings, plan_for_machine
+from myxtts.hardware.probe_runner import probe_batch_size
 from myxtts.hardware.report import short_summary
 from myxtts.models.xtts import network_for
 from myxtts.training.callbacks import (CheckpointSaver, NonFiniteGuard, ProgressLogger, StopAtStep, ValidationSamples,
                                        console_echo, optimizer_step)
+from myxtts.training import distribute
 from myxtts.training.checkpoints import Checkpoints, CheckpointError
 from myxtts.training.optimizers import build_optimizer
 from myxtts.training.step import TrainingModel
@@ -54,6 +56,12 @@ def resolve_hardware(config: Config, echo=console_echo) -> tuple[Config, str]:
 
     Returns the resolved config and the Keras dtype policy name.
     """
+    config, policy, _ = resolve_plan(config, echo)
+    return config, policy
+
+
+def resolve_plan(config: Config, echo=console_echo) -> tuple[Config, str, Plan]:
+    """`resolve_hardware` plus the plan itself (the distribution strategy is made from it)."""
     t, d = config.training, config.data
     facts = detect_machine()
     plan = plan_for_machine(
@@ -68,6 +76,10 @@ def resolve_hardware(config: Config, echo=console_echo) -> tuple[Config, str]:
             xla=t.enable_xla_compilation,
         ),
     )
+    # The replicas of every host share the effective batch; then measure the batch on this GPU model
+    # (cached, and before this process claims GPU memory).
+    plan = distribute.with_replicas(plan, distribute.planned_replicas(plan))
+    plan = probe_batch_size(config, plan, facts, echo=echo)
     echo(short_summary(plan, facts))
     resolved = dataclasses.replace(
         config,
@@ -76,7 +88,7 @@ def resolve_hardware(config: Config, echo=console_echo) -> tuple[Config, str]:
     )
     if plan.tf32:
         tf.config.experimental.enable_tensor_float_32_execution(True)
-    return resolved, plan.precision  # a Keras policy name; an explicit training.precision is honoured by the plan
+    return resolved, plan.precision, plan  # a Keras policy name; an explicit training.precision is honoured by the plan
 
 
 def load_splits(config: Config):
@@ -103,14 +115,26 @@ def train(config: Config, workdir: str | Path, *, resume: str = "auto", epochs: 
     workdir.mkdir(parents=True, exist_ok=True)
 
     automatic_batch = config.data.batch_size == 0
-    config, policy = resolve_hardware(config, echo)
+    config, policy, plan = resolve_plan(config, echo)
+    # Before any other TensorFlow work: MultiWorkerMirroredStrategy configures the runtime.
+    strategy = distribute.strategy_for(plan)
+    if distribute.replicas(strategy) != plan.num_replicas:
+        raise ValueError(f"the plan expects {plan.num_replicas} replicas but the strategy has "
+                         f"{distribute.replicas(strategy)}: give every host the same number of GPUs (--gpu)")
+    echo(distribute.describe(strategy))
+    if not distribute.is_chief(strategy):
+        workdir = distribute.worker_directory(workdir, strategy)  # every worker saves; only the chief's copy counts
+        if resume == "reset" and (workdir / "checkpoints").exists():
+            shutil.rmtree(workdir / "checkpoints")
+        workdir.mkdir(parents=True, exist_ok=True)
     keras.config.set_dtype_policy(policy)
     keras.utils.set_random_seed(config.seed)
 
     train_rows, val_rows = load_splits(config)
     if epochs is not None:
         t, d = config.training, config.data
-        steps = math.ceil(epochs * len(train_rows) / (d.batch_size * max(t.gradient_accumulation_steps, 1)))
+        steps = math.ceil(epochs * len(train_rows) / (distribute.global_batch_size(d.batch_size, strategy)
+                                                      * max(t.gradient_accumulation_steps, 1)))
         config = dataclasses.replace(config, training=dataclasses.replace(t, max_steps=max(steps, 1)))
     vocab_path = workdir / "vocab.txt"
     # The vocabulary of a run is fixed at its start; a resumed run must tokenise the same way.
@@ -122,7 +146,7 @@ def train(config: Config, workdir: str | Path, *, resume: str = "auto", epochs: 
     while True:
         config_lib.save_config(config, workdir / "config.yaml")
         try:
-            return _fit(config, policy, workdir, train_rows, val_rows, vocabulary, resume, strict_restore, echo)
+            return _fit(config, policy, strategy, workdir, train_rows, val_rows, vocabulary, resume, strict_restore, echo)
         except tf.errors.ResourceExhaustedError:
             d, t = config.data, config.training
             if not automatic_batch or d.batch_size == 1:
@@ -147,21 +171,25 @@ class OutOfMemory(RuntimeError):
     pass
 
 
-def _fit(config: Config, policy: str, workdir: Path, train_rows, val_rows, vocabulary, resume: str,
+def _fit(config: Config, policy: str, strategy, workdir: Path, train_rows, val_rows, vocabulary, resume: str,
          strict_restore: bool, echo) -> TrainResult:
     """One attempt: build model, optimizer and datasets for the config's batch, restore, fit."""
     t, d = config.training, config.data
     accumulation = max(t.gradient_accumulation_steps, 1)
     train_ds = build_dataset(config, train_rows, training=True, vocabulary=vocabulary)
     val_ds = build_dataset(config, val_rows, training=False, vocabulary=vocabulary) if val_rows else None
-    model = build_training_model(config, len(vocabulary), policy, next(iter(train_ds.take(1))))
+    if val_ds is not None:
+        val_ds = distribute.evenly_split(val_ds, strategy)
+    model = build_training_model(config, len(vocabulary), policy, next(iter(train_ds.take(1))), strategy)
+    replicas = distribute.replicas(strategy)
     network, optimizer = model.network, model.optimizer
 
     checkpoints = Checkpoints(workdir / "checkpoints", network, optimizer, t.optimizer, yaml.safe_dump(config_lib.to_dict(config)))
     start_step = 0
     if resume != "reset":
         try:
-            restored = checkpoints.restore(strict=strict_restore)
+            with strategy.scope():
+                restored = checkpoints.restore(strict=strict_restore)
         except CheckpointError:
             if resume == "require":
                 raise CheckpointError(f"--resume: no checkpoint to resume in {workdir / 'checkpoints' / 'latest'}") from None
@@ -174,9 +202,19 @@ def _fit(config: Config, policy: str, workdir: Path, train_rows, val_rows, vocab
     # Resume also continues the data order: replay the seeded stream up to where it stopped
     # (cheap with data.cache_features; it recomputes the skipped batches' features without).
     micro_steps_done = start_step * accumulation
-    train_stream = train_ds.repeat().skip(micro_steps_done)
+    if replicas == 1:
+        train_stream = train_ds.repeat().skip(micro_steps_done)
+    else:
+        def host_stream(batch_size, shard, shards):
+            # This host's share of the clips, batched per replica; the distributed iterator moves
+            # each batch to its device, so the pipeline itself must not prefetch to a GPU.
+            local = dataclasses.replace(config, data=dataclasses.replace(d, batch_size=batch_size, prefetch_to_gpu=False))
+            stream = build_dataset(local, train_rows[shard::shards], training=True, vocabulary=vocabulary)
+            return stream.repeat().skip(micro_steps_done * replicas // shards)  # the batches this host already served
 
-    progress = ProgressLogger(t.log_interval, t.max_steps, d.batch_size * accumulation, str(workdir / "logs" / "train"), echo)
+        train_stream = distribute.distribute_dataset(strategy, d.batch_size, host_stream)
+
+    progress = ProgressLogger(t.log_interval, t.max_steps, d.batch_size * accumulation * replicas, str(workdir / "logs" / "train"), echo)
     saver = CheckpointSaver(checkpoints, t.checkpoint_interval, echo)
     guard = NonFiniteGuard(t.max_nonfinite_steps, echo)
     callbacks = [
@@ -223,7 +261,8 @@ def _fit(config: Config, policy: str, workdir: Path, train_rows, val_rows, vocab
     )
 
 
-def build_training_model(config: Config, vocab_size: int, policy: str, sample_batch: dict) -> TrainingModel:
+def build_training_model(config: Config, vocab_size: int, policy: str, sample_batch: dict,
+                         strategy: tf.distribute.Strategy | None = None) -> TrainingModel:
     """Network, optimizer (accumulation; loss scaling under float16) and compile settings, with every
     variable created from one real batch. The caller has set the Keras dtype policy to `policy`.
 
@@ -231,16 +270,18 @@ def build_training_model(config: Config, vocab_size: int, policy: str, sample_ba
     under `tf.cond`, where variables cannot be created.
     """
     t = config.training
-    model = TrainingModel(network_for(config, vocab_size), data_config=config.data)
-    optimizer = build_optimizer(t, max(t.gradient_accumulation_steps, 1))
-    if policy == "mixed_float16":
-        optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
-    model.compile(
-        optimizer=optimizer,
-        jit_compile=bool(t.enable_xla_compilation),
-        run_eagerly=not t.enable_graph_mode,
-        steps_per_execution=t.steps_per_execution,
-    )
-    model(sample_batch, training=False)
-    model.optimizer.build(model.network.trainable_variables)
+    strategy = strategy or tf.distribute.get_strategy()
+    with distribute.training_scope(strategy):
+        model = TrainingModel(network_for(config, vocab_size), data_config=config.data)
+        optimizer = build_optimizer(t, max(t.gradient_accumulation_steps, 1))
+        if policy == "mixed_float16":
+            optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
+        model.compile(
+            optimizer=distribute.prepare_optimizer(optimizer, strategy),
+            jit_compile=bool(t.enable_xla_compilation) and distribute.xla_allowed(strategy),
+            run_eagerly=not t.enable_graph_mode,
+            steps_per_execution=t.steps_per_execution,
+        )
+        model(sample_batch, training=False)
+        model.optimizer.build(model.network.trainable_variables)
     return model
