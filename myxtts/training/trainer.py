@@ -114,6 +114,7 @@ def train(config: Config, workdir: str | Path, *, resume: str = "auto", epochs: 
         echo(f"--reset-training: removed {workdir / 'checkpoints'}")
     workdir.mkdir(parents=True, exist_ok=True)
 
+    allow_memory_growth(echo)
     automatic_batch = config.data.batch_size == 0
     config, policy, plan = resolve_plan(config, echo)
     # Before any other TensorFlow work: MultiWorkerMirroredStrategy configures the runtime.
@@ -165,6 +166,17 @@ def train(config: Config, workdir: str | Path, *, resume: str = "auto", epochs: 
             )
             resume = "auto"
             strict_restore = False  # the optimizer now has accumulators the checkpoint lacks
+
+
+def allow_memory_growth(echo=console_echo) -> None:
+    """Let TensorFlow take GPU memory as the run needs it rather than all of it at start, so other
+    processes (the batch probe, a second run, the desktop) keep theirs. Must precede any GPU work:
+    detection only lists devices, which does not start the runtime."""
+    for gpu in tf.config.list_physical_devices("GPU"):
+        try:
+            tf.config.experimental.set_memory_growth(gpu, True)
+        except RuntimeError as error:  # the runtime already started in this process (a second train())
+            echo(f"note: GPU memory growth not changed for {gpu.name}: {error}")
 
 
 class OutOfMemory(RuntimeError):
