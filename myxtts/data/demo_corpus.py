@@ -30,7 +30,6 @@ import json
 import multiprocessing
 import os
 import sys
-import time
 import wave
 from array import array
 from collections.abc import Sequence
@@ -39,6 +38,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from myxtts.data.sentences import SentenceGenerator
+from myxtts.hardware.host import usable_cores
+from myxtts.progress import ProgressLine
 
 SAMPLE_RATE = 22_050
 # espeak voice variants that synthesize with the bundled data; each becomes one speaker.
@@ -237,43 +238,8 @@ def _synthesize_utterance(job: _UtteranceJob) -> _RenderedUtterance:
     )
 
 
-class _ProgressLine:
-    """One self-overwriting stderr line with count, rate and estimated time left."""
-
-    def __init__(self, total: int, enabled: bool):
-        self.total = total
-        self.enabled = enabled
-        self.start = time.monotonic()
-        # The first line waits a moment: until the workers have started, the rate is noise.
-        self.last_draw = self.start
-        self.drawn = False
-
-    def update(self, done: int) -> None:
-        now = time.monotonic()
-        # Redrawing on every utterance would make the terminal the bottleneck.
-        if not self.enabled or (now - self.last_draw < 0.5 and done < self.total):
-            return
-        elapsed = max(now - self.start, 1e-9)
-        rate = done / elapsed
-        eta = (self.total - done) / rate if rate > 0 else float("inf")
-        sys.stderr.write(f"\rdemo corpus: {done}/{self.total} utterances, {rate:.1f} utt/s, ETA {eta:.0f} s ")
-        sys.stderr.flush()
-        self.last_draw, self.drawn = now, True
-
-    def finish(self) -> None:
-        if self.drawn:
-            sys.stderr.write("\n")
-            sys.stderr.flush()
-
-
-def _usable_cores() -> int:
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
-
-
 def _synthesize_all(jobs: list[_UtteranceJob], num_workers: int, progress: bool) -> list[_RenderedUtterance]:
-    progress_line = _ProgressLine(len(jobs), progress)
+    progress_line = ProgressLine("demo corpus", len(jobs), "utterances", enabled=progress)
     utterances: list[_RenderedUtterance | None] = [None] * len(jobs)
     # spawn, not fork: the caller may be a multithreaded process (TensorFlow), and forking
     # one of those can deadlock. The workers are single-threaded, so their own per-utterance
@@ -289,7 +255,7 @@ def _synthesize_all(jobs: list[_UtteranceJob], num_workers: int, progress: bool)
     finally:
         # On an error, drop the jobs not yet started instead of synthesizing the rest.
         pool.shutdown(wait=True, cancel_futures=True)
-        progress_line.finish()
+        progress_line.close()
     return utterances
 
 
@@ -365,7 +331,7 @@ def make_demo_corpus(
         _UtteranceJob(index, voices[index % len(voices)], seed, wav_dir / f"{utterance_id(index)}.wav")
         for index in range(num_utterances)
     ]
-    workers = max(1, min(num_workers or _usable_cores(), num_utterances))
+    workers = max(1, min(num_workers or usable_cores(), num_utterances))
     utterances = _synthesize_all(jobs, workers, progress)
 
     _remove_leftovers(wav_dir, {utterance.utterance_id for utterance in utterances})

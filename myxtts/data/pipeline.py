@@ -36,14 +36,11 @@ from myxtts.config import Config, DataConfig
 from myxtts.data import audio
 from myxtts.data.manifest import Utterance, read_manifest
 from myxtts.data.text import PAD_ID, Vocabulary, tokenize
+from myxtts.hardware.host import usable_cores, usable_ram_bytes
 
 # Used when `data.batch_size` / `data.num_workers` are 0 ("automatic") and no hardware plan has
 # resolved them yet (the trainer writes the plan's values into the config before building datasets).
 DEFAULT_BATCH_SIZE = 16
-
-
-def usable_cores() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 def assign_references(utterances: list[Utterance], seed: int) -> list[str]:
@@ -251,16 +248,9 @@ def _options(c: DataConfig, training: bool) -> tf.data.Options:
     options.deterministic = c.deterministic or not training
     options.autotune.enabled = True
     options.autotune.cpu_budget = cores
-    options.autotune.ram_budget = _ram_bytes() // 2
+    options.autotune.ram_budget = usable_ram_bytes() // 2
     options.threading.private_threadpool_size = cores
     return options
-
-
-def _ram_bytes() -> int:
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        return 8 << 30
 
 
 def _prefetch(ds: tf.data.Dataset, c: DataConfig) -> tf.data.Dataset:

@@ -26,7 +26,6 @@ import hashlib
 import multiprocessing
 import os
 import struct
-import sys
 import time
 from dataclasses import dataclass, field
 from typing import NamedTuple
@@ -36,6 +35,8 @@ import soundfile
 import soxr
 
 from myxtts.data.manifest import Utterance, iter_manifest_rows, write_jsonl
+from myxtts.hardware.host import usable_cores
+from myxtts.progress import ProgressLine
 
 # Reason codes for problems found in the audio itself (manifest-level codes live in manifest.py).
 MISSING_FILE = "missing_file"
@@ -356,14 +357,6 @@ class PrepareReport:
         return "\n".join(lines)
 
 
-def usable_cores() -> int:
-    """Cores this process may run on (respects taskset and container CPU sets)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
-
-
 def prepare_dataset(
     source: str | os.PathLike,
     out_dir: str | os.PathLike,
@@ -480,14 +473,14 @@ def _run_jobs(jobs: list[_FileJob], workers: int, show_progress: bool) -> tuple[
     """
     outcomes = []
     to_convert = []
-    checking = _ProgressLine("checking audio", len(jobs), enabled=show_progress)
+    checking = ProgressLine("checking audio", len(jobs), "files", enabled=show_progress)
     for done, job in enumerate(jobs, start=1):
         result = _quick_check(job)
         (to_convert if isinstance(result, _FileJob) else outcomes).append(result)
         checking.update(done)
     checking.close()
 
-    converting = _ProgressLine("converting audio", len(to_convert), enabled=show_progress)
+    converting = ProgressLine("converting audio", len(to_convert), "files", enabled=show_progress)
     # Chunks amortize the inter-process round trip; enough of them per worker keeps the
     # load balanced when file lengths differ and the progress line moving.
     chunk_size = max(1, min(16, len(to_convert) // max(1, workers * 8)))
@@ -514,37 +507,6 @@ def _run_jobs(jobs: list[_FileJob], workers: int, show_progress: bool) -> tuple[
             pool.shutdown(wait=True, cancel_futures=True)
     converting.close()
     return outcomes, workers
-
-
-class _ProgressLine:
-    """`label: done/total files, files/s, ETA` on stderr: redrawn in place on a terminal, else
-    one line every 10 s (a log file would fill with redraws) plus the final one."""
-
-    def __init__(self, label: str, total: int, *, enabled: bool):
-        self.label, self.total, self.enabled = label, total, enabled and total > 0
-        self.interactive = sys.stderr.isatty()
-        # The first line waits one interval too: before then the rate is noise.
-        self.started = self.last_draw = time.monotonic()
-        self.done = 0
-
-    def update(self, done: int) -> None:
-        self.done = done
-        now = time.monotonic()
-        if self.enabled and now - self.last_draw >= (0.25 if self.interactive else 10.0):
-            self.last_draw = now
-            self._draw(now, final=False)
-
-    def close(self) -> None:
-        if self.enabled:
-            self._draw(time.monotonic(), final=True)
-
-    def _draw(self, now: float, *, final: bool) -> None:
-        elapsed = max(now - self.started, 1e-9)
-        rate = self.done / elapsed
-        eta = f"done in {elapsed:.1f} s" if final else f"ETA {(self.total - self.done) / max(rate, 1e-9):.0f} s"
-        text = f"{self.label}: {self.done}/{self.total} files, {rate:.0f} files/s, {eta}"
-        sys.stderr.write(("\r" + text + ("\n" if final else "")) if self.interactive else text + "\n")
-        sys.stderr.flush()
 
 
 def _write_rejections(rejections: list[Rejection], path: str) -> None:

@@ -157,3 +157,14 @@ def usable_ram(paths: HostPaths) -> tuple[int | None, int | None, list[str]]:
         notes.append(f"cgroup memory limit {limit / 2**30:.1f} GiB of {physical / 2**30:.1f} GiB RAM")
         return limit, physical, notes
     return physical, physical, notes
+
+
+def usable_cores() -> int:
+    """Cores this process may keep busy: affinity mask and cgroup CPU quota (see usable_cpu_cores)."""
+    return usable_cpu_cores(HostPaths())[0]
+
+
+def usable_ram_bytes(default: int = 8 << 30) -> int:
+    """RAM this process may use (cgroup limit included); `default` where it cannot be read."""
+    usable, _, _ = usable_ram(HostPaths())
+    return usable if usable is not None else default
