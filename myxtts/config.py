@@ -50,6 +50,7 @@ class DataConfig:
     power: float = 1.0
     log_floor: float = 1e-5
     peak_normalize: float = 0.95
+    trim_silence_db: float = 60.0
     min_duration_s: float = 0.5
     max_duration_s: float = 12.0
     reference_duration_s: float = 3.0
@@ -362,6 +363,8 @@ def validate(config: Config) -> None:
         problems.append(f"data.log_floor must be positive, got {d.log_floor}")
     if not 0 <= d.peak_normalize <= 1:
         problems.append(f"data.peak_normalize must be in [0, 1] (0 turns it off), got {d.peak_normalize}")
+    if d.trim_silence_db < 0:
+        problems.append(f"data.trim_silence_db must be >= 0 (0 turns trimming off), got {d.trim_silence_db}")
     if not 0 <= d.min_duration_s < d.max_duration_s:
         problems.append(f"need 0 <= data.min_duration_s < data.max_duration_s; got {d.min_duration_s} and {d.max_duration_s}")
     if d.reference_duration_s <= 0:

@@ -120,6 +120,29 @@ def test_peak_normalize():
     np.testing.assert_array_equal(audio.peak_normalize(x, 0.0), x)
 
 
+def test_trim_silence_cuts_where_librosa_does(demo_corpus):
+    import librosa
+
+    rng = np.random.default_rng(0)
+    files = sorted((demo_corpus / "wavs").glob("*.wav"))[:6]
+    trimmed_any = False
+    for path in files:
+        clip = soundfile.read(path, dtype="float32")[0]
+        # Real speech, plus the same clip between stretches of low noise and of digital silence.
+        padded = np.concatenate([rng.normal(0, 1e-4, 9000), np.zeros(3000), clip, np.zeros(7000)]).astype(np.float32)
+        for samples in (clip, padded):
+            for top_db in (60.0, 30.0):
+                expected, (start, end) = librosa.effects.trim(samples, top_db=top_db)
+                ours = audio.trim_silence(tf.constant(samples), top_db).numpy()
+                np.testing.assert_array_equal(ours, expected, err_msg=f"{path.name} top_db={top_db}")
+                trimmed_any |= len(expected) < len(samples)
+    assert trimmed_any  # the comparison covered real cuts, not only untouched clips
+    # Edge cases: all digital silence stays whole (librosa's rule), a click in silence is kept alone.
+    for samples in (np.zeros(5000, np.float32), np.r_[np.zeros(3000), np.ones(100), np.zeros(7000)].astype(np.float32)):
+        np.testing.assert_array_equal(audio.trim_silence(tf.constant(samples), 60.0).numpy(),
+                                      librosa.effects.trim(samples, top_db=60.0)[0])
+
+
 @pytest.mark.parametrize("subtype, channels", [("PCM_16", 1), ("PCM_16", 2), ("PCM_24", 1), ("FLOAT", 1)])
 def test_load_wav_fast_and_fallback_paths_match_soundfile(tmp_path, subtype, channels):
     rng = np.random.default_rng(0)

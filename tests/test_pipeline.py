@@ -74,10 +74,14 @@ def test_padding_is_silence_and_pad_tokens_beyond_the_true_lengths(batches):
 
 
 def test_mel_lengths_are_the_true_clip_lengths(utterances):
+    import librosa
     import soundfile
 
     c = _config().data
-    expected = sorted(1 + soundfile.info(u.audio_path).frames // c.hop_length for u in utterances)
+    # Each clip as soundfile reads it, trimmed of trailing/leading silence by librosa's rule.
+    clips = [librosa.effects.trim(soundfile.read(u.audio_path, dtype="float32")[0], top_db=c.trim_silence_db)[0]
+             for u in utterances]
+    expected = sorted(1 + len(clip) // c.hop_length for clip in clips)
     eval_batches = build_dataset(_config(), utterances, training=False)
     got = sorted(int(n) for b in eval_batches.as_numpy_iterator() for n in b["mel_length"])
     assert got == expected  # evaluation keeps every clip, including each bucket's last partial batch

@@ -220,6 +220,27 @@ def log_mel(samples, data_config) -> tf.Tensor:
     return tf.math.log(tf.maximum(mel_spectrogram(samples, data_config), data_config.log_floor))
 
 
+def trim_silence(samples, top_db: float, frame_length: int = 2048, hop_length: int = 512) -> tf.Tensor:
+    """`samples` [n] without the leading and trailing frames quieter than `top_db` below the loudest.
+
+    The same cut as `librosa.effects.trim` with its defaults (RMS of centred, zero-padded frames
+    against the loudest frame; the kept span runs from the first loud frame's start to one hop past
+    the last one's), so a corpus trimmed here matches one trimmed with librosa. Like librosa's, the
+    threshold is relative: a clip of pure digital silence is its own loudest frame and stays whole.
+    """
+    half = frame_length // 2
+    frames = tf.signal.frame(tf.pad(samples, [[half, half]]), frame_length, hop_length)  # [F, frame_length]
+    rms = tf.maximum(tf.sqrt(tf.reduce_mean(tf.square(frames), axis=-1)), 1e-5)  # 1e-5: librosa's amin
+    decibels = 20.0 * tf.math.log(rms / tf.reduce_max(rms)) / math.log(10.0)
+    loud = tf.cast(tf.where(decibels > -top_db)[:, 0], tf.int32)  # [loud frames], ascending
+    # With no loud frame, first = the frame count and last = -1: an empty span, as librosa gives.
+    first = tf.reduce_min(tf.concat([loud, tf.shape(frames)[:1]], 0))
+    last = tf.reduce_max(tf.concat([loud, [-1]], 0))
+    start = tf.minimum(first * hop_length, tf.size(samples))
+    end = tf.maximum(start, tf.minimum((last + 1) * hop_length, tf.size(samples)))
+    return samples[start:end]
+
+
 def peak_normalize(samples, peak: float) -> tf.Tensor:
     """Scale so the loudest sample reaches `peak` (silence stays silence); `peak <= 0` is a no-op."""
     if peak <= 0:

@@ -115,6 +115,8 @@ def build_dataset(
 def _decode(row, c: DataConfig, table) -> dict:
     samples, rate = audio.load_wav(row["audio_path"])
     samples = audio.resample_to(samples, rate, c.sample_rate, source=row["audio_path"])
+    if c.trim_silence_db > 0:
+        samples = audio.trim_silence(samples, c.trim_silence_db)
     tokens = tokenize(row["text"], table)
     return {
         "samples": audio.peak_normalize(samples, c.peak_normalize),
