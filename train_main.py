@@ -126,7 +126,8 @@ def main(argv=None) -> int:
     except (ConfigError, CheckpointError, OutOfMemory, FileNotFoundError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    print(f"finished at step {result.step}; run folder: {workdir}", file=sys.stderr)
+    stopped = f"stopped by {result.interrupted_by}" if result.interrupted_by else "finished"
+    print(f"{stopped} at step {result.step}; run folder: {workdir}", file=sys.stderr)
     if args.demo and result.step > 0:
         from myxtts.models.synthesizer import validation_sample
 

@@ -30,7 +30,7 @@ class Synthesizer:
     @classmethod
     def from_run(cls, run_dir: str | os.PathLike, checkpoint: str | None = None) -> "Synthesizer":
         """Load `run_dir`'s config.yaml and vocab.txt, and `checkpoint` (default: best_mel, else latest)."""
-        from myxtts.training.checkpoints import find_checkpoint
+        from myxtts.training.checkpoints import find_checkpoint, restore_network
 
         run_dir = Path(run_dir)
         if not (run_dir / "config.yaml").exists():
@@ -40,7 +40,7 @@ class Synthesizer:
         network = network_for(config, len(vocabulary))
         network.build()
         path = checkpoint or find_checkpoint(run_dir)
-        tf.train.Checkpoint(network=network).restore(path).expect_partial().assert_existing_objects_matched()
+        restore_network(network, path)
         return cls(network, config, vocabulary)
 
     def reference(self, paths) -> tuple[tf.Tensor, tf.Tensor]:

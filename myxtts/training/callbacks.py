@@ -24,7 +24,8 @@ def optimizer_step(model) -> int:
 class ProgressLogger(keras.callbacks.Callback):
     """One line every `interval` updates: losses, rate, step time, samples/s and ETA to max_steps.
 
-    Also writes step time and samples/s to TensorBoard next to the step's own metrics.
+    Also writes step time and samples/s to TensorBoard next to the step's own metrics, and the time
+    the steps waited for input when the training dataset went through `watch_input`.
     """
 
     def __init__(self, interval: int, max_steps: int, samples_per_update: int, log_dir: str, echo=print):
@@ -33,33 +34,75 @@ class ProgressLogger(keras.callbacks.Callback):
         self.writer = tf.summary.create_file_writer(log_dir)
         self.echo = echo
         self._last = None  # (time, step)
+        self._input_wait_s = None  # seconds waited since the last line; a variable once watch_input is used
         self.history: list[dict] = []
         self.validation_history: list[dict] = []
 
+    def watch_input(self, dataset: tf.data.Dataset) -> tf.data.Dataset:
+        """`dataset` with the time each fetch of a batch blocks added up, for `input_wait_ms`.
+
+        Keras fetches the batch inside the compiled train function, where no callback sees it, so
+        the clock lives in the pipeline: `zip` asks its inputs for their elements in order, on the
+        caller's thread, so a timestamp taken by a stage zipped in front of `dataset` and one taken
+        right after it bracket exactly the `get_next` on `dataset` (the wait for input; zero when
+        prefetching keeps up). Step dispatch, tracing and compute stay outside the bracket. Must be
+        the last stage: a prefetch after it would move the fetching to a background thread, which is
+        also why tf.data's own injection of a final prefetch is turned off (the pipeline's prefetch
+        stays; only cheap pass-through stages such as `repeat` and `skip` now run on the caller's
+        thread). Measured: a 100 ms fetch reads as ~100 ms, a ready batch as ~0.1 ms.
+        With steps_per_execution > 1 the later fetches of a call happen inside the compiled loop and
+        may overlap the previous step's compute; they are counted all the same.
+        """
+        with tf.device("/cpu:0"):  # tf.data functions run on the host
+            asked_at = tf.Variable(0.0, dtype=tf.float64, trainable=False)
+            self._input_wait_s = tf.Variable(0.0, dtype=tf.float64, trainable=False)
+        waited = self._input_wait_s
+
+        def ask(_):
+            return asked_at.assign(tf.timestamp())
+
+        def delivered(_, batch):
+            waited.assign_add(tf.timestamp() - asked_at)
+            return batch
+
+        asks = tf.data.Dataset.from_tensors(0).repeat().map(ask)
+        options = tf.data.Options()
+        options.experimental_optimization.inject_prefetch = False
+        return tf.data.Dataset.zip(asks, dataset).map(delivered).with_options(options)
+
     def on_train_begin(self, logs=None):
         self._last = (time.perf_counter(), optimizer_step(self.model))
+        if self._input_wait_s is not None:
+            self._input_wait_s.assign(0.0)
 
     def on_train_batch_end(self, batch, logs=None):
         step = optimizer_step(self.model)
         if step == self._last[1] or step % self.interval:
             return
         now = time.perf_counter()
-        seconds_per_step = (now - self._last[0]) / (step - self._last[1])
+        steps = step - self._last[1]
+        seconds_per_step = (now - self._last[0]) / steps
         self._last = (now, step)
         logs = {k: float(v) for k, v in (logs or {}).items()}
         eta = seconds_per_step * max(self.max_steps - step, 0)
         record = dict(step=step, step_time_s=seconds_per_step, samples_per_s=self.samples_per_update / seconds_per_step, **logs)
+        input_wait = ""
+        if self._input_wait_s is not None:
+            record["input_wait_ms"] = float(self._input_wait_s.numpy()) * 1000 / steps
+            self._input_wait_s.assign(0.0)
+            input_wait = f" (input wait {record['input_wait_ms']:.0f})"
         self.history.append(record)
         with self.writer.as_default(step=step):
             tf.summary.scalar("step_time_s", seconds_per_step)
             tf.summary.scalar("samples_per_s", record["samples_per_s"])
+            if "input_wait_ms" in record:
+                tf.summary.scalar("input_wait_ms", record["input_wait_ms"])
         self.echo(
             f"step {step}/{self.max_steps}  loss {logs.get('loss', math.nan):.4f} (text {logs.get('text_loss', math.nan):.3f}"
             f" mel {logs.get('mel_loss', math.nan):.4f} stop {logs.get('stop_loss', math.nan):.4f})"
             f"  lr {logs.get('learning_rate', math.nan):.2e}  |g| {logs.get('grad_norm', math.nan):.2f}"
-            f"  {seconds_per_step * 1000:.0f} ms/step  {record['samples_per_s']:.1f} samples/s  ETA {_duration(eta)}"
+            f"  {seconds_per_step * 1000:.0f} ms/step{input_wait}  {record['samples_per_s']:.1f} samples/s  ETA {_duration(eta)}"
         )
-
 
     def record_validation(self, step: int, logs: dict) -> None:
         values = {(k if k.startswith("val_") else f"val_{k}"): float(v) for k, v in logs.items()}
@@ -96,13 +139,13 @@ class CheckpointSaver(keras.callbacks.Callback):
                 pass
 
     def _on_signal(self, signum, frame):
-        # Only set a flag: the save happens between steps, never in the middle of one.
+        # Only set a flag: the save and the stop happen between steps, never in the middle of one.
         self.interrupted_by = signal.Signals(signum).name
-        self.model.stop_training = True
 
     def on_train_batch_end(self, batch, logs=None):
         step = optimizer_step(self.model)
-        if self.interrupted_by:
+        if self.interrupted_by and _between_updates(self.model.optimizer):
+            self.model.stop_training = True
             self._save_latest(step, f"{self.interrupted_by} received")
         elif step % self.interval == 0 and step != self._last_saved:
             self._save_latest(step)
@@ -117,8 +160,8 @@ class CheckpointSaver(keras.callbacks.Callback):
 
     def on_train_end(self, logs=None):
         step = optimizer_step(self.model)
-        if step != self._last_saved:
-            self._save_latest(step)
+        if step != self._last_saved:  # a signal during the last validation still gets its message
+            self._save_latest(step, f"{self.interrupted_by} received" if self.interrupted_by else "")
         for sig, handler in self._previous_handlers.items():
             signal.signal(sig, handler)
 
@@ -127,6 +170,19 @@ class CheckpointSaver(keras.callbacks.Callback):
         self._last_saved = step
         if reason:
             self.echo(f"{reason}: saved {path}; re-run the same command to resume")
+
+
+def _between_updates(optimizer) -> bool:
+    """False while micro-batch gradients of an unfinished update are accumulated.
+
+    A checkpoint taken then would hold them, and the resumed run, which restarts the data at the
+    update boundary, would add those micro-batches a second time. Keras counts micro-batches in the
+    private `_iterations` (the public `iterations` is updates); skipped non-finite steps count in
+    neither, and accumulate nothing.
+    """
+    inner = getattr(optimizer, "inner_optimizer", optimizer)  # under a LossScaleOptimizer
+    accumulation = inner.gradient_accumulation_steps
+    return not accumulation or int(keras.ops.convert_to_numpy(inner._iterations)) % accumulation == 0
 
 
 class StopAtStep(keras.callbacks.Callback):
@@ -181,6 +237,8 @@ class ValidationSamples(keras.callbacks.Callback):
         self._logged_recording = False
 
     def on_epoch_end(self, epoch, logs=None):
+        if not any(key.startswith("val_") for key in (logs or {})):
+            return  # no validation this time (the run was interrupted): nothing to pair the sample with
         from myxtts.models.griffin_lim import log_mel_to_audio
         from myxtts.models.inference import generate
 

@@ -1,5 +1,12 @@
 """Checkpoints: `latest` (periodic and on Ctrl-C/SIGTERM), `best_text` and `best_mel` (by validation).
 
+Every variable is stored under its own name: the network's by its Keras path without the model's
+name ("block_0/attention/query/kernel"), the optimizer's likewise ("block_0_..._momentum"). The
+checkpoint is not the object graph Keras layers expose to `tf.train.Checkpoint`: on Keras 3.15 that
+graph skips layers kept in lists (the transformer blocks) and saved 41 of the tiny model's 89
+weights, measured, while restoring without complaint. Names also survive Keras renaming a second
+model in one process ("xtts_1").
+
 Written with `tf.train.CheckpointManager`, which writes the data files first and then atomically
 replaces the small state file that points at them, so a kill -9 mid-save leaves the previous
 checkpoint as the one that loads. Each checkpoint has a `ckpt-<step>.meta.json` beside it, written
@@ -35,7 +42,11 @@ class Checkpoints:
         self.root = Path(directory)
         self.network, self.optimizer = network, optimizer
         self.optimizer_type, self.config_yaml = optimizer_type, config_yaml
-        self._full = tf.train.Checkpoint(network=network, optimizer=optimizer)
+        if not optimizer.built:
+            raise CheckpointError("build the optimizer before creating Checkpoints: its state would not be saved")
+        self._full = tf.train.Checkpoint(network=network_variables(network),
+                                         optimizer=_by_name(optimizer.variables, _path_prefix(network).replace("/", "_"),
+                                                            optimizer_variables=True))
         self._managers = {
             kind: tf.train.CheckpointManager(self._full, self.root / kind, max_to_keep=2 if kind == "latest" else 1)
             for kind in KINDS
@@ -65,13 +76,15 @@ class Checkpoints:
             raise CheckpointError(f"no checkpoint in {self.root / 'latest'}")
         meta = read_meta(path)
         if meta["optimizer"] == self.optimizer_type:
-            status = self._full.restore(path)
-            if strict:
-                status.assert_existing_objects_matched()
-            else:
-                status.expect_partial()
+            try:
+                status = self._full.restore(path)
+                status.assert_existing_objects_matched() if strict else status.expect_partial()
+            except (AssertionError, ValueError) as error:  # a missing name, or a shape that differs
+                raise CheckpointError(f"{path} does not match this run's network and optimizer (another model size, "
+                                      f"or written by an older MyXTTS; --reset-training starts over): "
+                                      f"{str(error).splitlines()[0][:300]}") from None
             return Restored(path, meta["step"], True, f"resumed from {path} at step {meta['step']}")
-        tf.train.Checkpoint(network=self.network).restore(path).expect_partial().assert_existing_objects_matched()
+        restore_network(self.network, path)
         return Restored(
             path,
             meta["step"],
@@ -86,6 +99,43 @@ class Checkpoints:
         for meta in Path(manager.directory).glob("ckpt-*.meta.json"):
             if meta.name.removesuffix(".meta.json") not in kept:
                 meta.unlink(missing_ok=True)
+
+
+def network_variables(network) -> tf.train.Checkpoint:
+    """The network's weights by name, as a trackable object to save or restore (see the docstring)."""
+    if not network.built:
+        raise CheckpointError("build the network before saving or restoring it")
+    return _by_name(network.weights, _path_prefix(network))
+
+
+def _path_prefix(network) -> str:
+    """What every weight path of `network` starts with: "xtts/" alone, "training_model/xtts/" inside
+    the trainer's model, "xtts_1/" for a second network in one process."""
+    path, marker = network.weights[0].path, f"{network.name}/"
+    return path[: path.index(marker) + len(marker)]
+
+
+def restore_network(network, path: str) -> None:
+    """Loads the weights of checkpoint `path` into `network`; every weight must be found there."""
+    checkpoint = tf.train.Checkpoint(network=network_variables(network))
+    try:
+        checkpoint.restore(path).expect_partial().assert_existing_objects_matched()
+    except (AssertionError, ValueError) as error:  # a missing name, or a shape that differs
+        raise CheckpointError(f"{path} does not hold this network's weights (another model size or vocabulary, "
+                              f"or written by an older MyXTTS): {str(error).splitlines()[0][:300]}") from None
+
+
+def _by_name(variables, prefix: str, optimizer_variables: bool = False) -> tf.train.Checkpoint:
+    """A trackable holding `variables` under their paths without `prefix`. An optimizer's variables
+    are named "<optimizer>/<weight path with _ for />_<slot>", so the optimizer's own name goes first."""
+    named = {}
+    for variable in variables:
+        name = variable.path.split("/", 1)[-1] if optimizer_variables else variable.path
+        name = name.removeprefix(prefix)
+        if name in named:
+            raise CheckpointError(f"two variables named {name!r}; checkpoints need unique names")
+        named[name] = variable
+    return tf.train.Checkpoint(**named)
 
 
 def read_meta(checkpoint_path: str) -> dict:

@@ -211,11 +211,12 @@ def _fit(config: Config, policy: str, strategy, workdir: Path, train_rows, val_r
     if start_step >= t.max_steps:
         echo(f"already at step {start_step} >= training.max_steps ({t.max_steps}); raise --max-steps to train further")
 
+    progress = ProgressLogger(t.log_interval, t.max_steps, d.batch_size * accumulation * replicas, str(workdir / "logs" / "train"), echo)
     # Resume also continues the data order: replay the seeded stream up to where it stopped
     # (cheap with data.cache_features; it recomputes the skipped batches' features without).
     micro_steps_done = start_step * accumulation
     if replicas == 1:
-        train_stream = train_ds.repeat().skip(micro_steps_done)
+        train_stream = progress.watch_input(train_ds.repeat().skip(micro_steps_done))
     else:
         def host_stream(batch_size, shard, shards):
             # This host's share of the clips, batched per replica; the distributed iterator moves
@@ -224,9 +225,9 @@ def _fit(config: Config, policy: str, strategy, workdir: Path, train_rows, val_r
             stream = build_dataset(local, train_rows[shard::shards], training=True, vocabulary=vocabulary)
             return stream.repeat().skip(micro_steps_done * replicas // shards)  # the batches this host already served
 
+        # A distributed dataset takes no further stages: no input_wait_ms with several replicas.
         train_stream = distribute.distribute_dataset(strategy, d.batch_size, host_stream)
 
-    progress = ProgressLogger(t.log_interval, t.max_steps, d.batch_size * accumulation * replicas, str(workdir / "logs" / "train"), echo)
     saver = CheckpointSaver(checkpoints, t.checkpoint_interval, echo)
     guard = NonFiniteGuard(t.max_nonfinite_steps, echo)
     callbacks = [
@@ -255,6 +256,7 @@ def _fit(config: Config, policy: str, strategy, workdir: Path, train_rows, val_r
             epochs=math.ceil(t.max_steps * accumulation / interval),
             initial_epoch=micro_steps_done // interval,
             validation_data=val_ds,
+            validation_freq=_EveryEpochUnlessInterrupted(saver),
             callbacks=callbacks,
             verbose=0,
         )
@@ -271,6 +273,23 @@ def _fit(config: Config, policy: str, strategy, workdir: Path, train_rows, val_r
         batch_size=d.batch_size,
         gradient_accumulation_steps=accumulation,
     )
+
+
+class _EveryEpochUnlessInterrupted(list):
+    """`validation_freq` for `fit`: validate at every epoch end, except once SIGINT/SIGTERM arrived.
+
+    After a signal, Keras would still run the epoch's validation (and the sample synthesis after
+    it) before returning: minutes on a large validation set, longer than a scheduler's grace period
+    before SIGKILL, with Ctrl-C doing nothing meanwhile. `fit` takes a list of epochs here and asks
+    `epoch in validation_freq`, which this answers.
+    """
+
+    def __init__(self, saver: CheckpointSaver):
+        super().__init__()
+        self.saver = saver
+
+    def __contains__(self, epoch) -> bool:
+        return self.saver.interrupted_by is None
 
 
 def build_training_model(config: Config, vocab_size: int, policy: str, sample_batch: dict,
