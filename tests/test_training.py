@@ -211,6 +211,21 @@ def _check_synthesis_from_the_run(run_dir, corpus, tmp_path):
         ["--checkpoint", str(run_dir), "--text", "Hi.", "--reference", str(tmp_path / "missing.wav")],
     ):
         assert synthesize.main([*argv, "--out", str(tmp_path / "x.wav")]) == 2
+    _check_free_running_report(run_dir, tmp_path)
+
+
+def _check_free_running_report(run_dir, tmp_path):
+    import contextlib
+    import io
+
+    from utilities import free_running_check
+
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        assert free_running_check.main(["--run", str(run_dir), "--max-seconds", "0.5"]) == 0
+    lines = printed.getvalue().splitlines()
+    assert lines and lines[-1].startswith(tuple(f"{n} of {len(lines) - 1} validation" for n in range(len(lines))))
+    assert free_running_check.main(["--run", str(tmp_path / "no_such_run")]) == 2
 
 
 def _checkpoint_tensors(workdir):

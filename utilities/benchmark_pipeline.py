@@ -311,6 +311,8 @@ def baseline_dataset(config, utterances, vocabulary):
 
     def load(path: bytes) -> np.ndarray:
         samples, _ = librosa.load(path.decode("utf-8"), sr=c.sample_rate)  # resamples only if the rate differs
+        if c.trim_silence_db > 0:
+            samples, _ = librosa.effects.trim(samples, top_db=c.trim_silence_db)
         return normalize(samples)
 
     def normalize(samples: np.ndarray) -> np.ndarray:

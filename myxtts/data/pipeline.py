@@ -72,12 +72,14 @@ def build_dataset(
     training: bool = True,
     *,
     vocabulary: Vocabulary | None = None,
+    gpu_copy: bool = True,
 ) -> tf.data.Dataset:
     """Batches for training (shuffled, fixed batch size) or evaluation (in order, last batch kept).
 
     `manifest` is an LJSpeech folder or metadata.csv, a JSONL manifest, or a list of `Utterance`.
     `vocabulary` defaults to one built from these transcripts; pass the training vocabulary when
-    building a validation set.
+    building a validation set. `gpu_copy=False` leaves out the copy to the GPU (`data.prefetch_to_gpu`),
+    for a caller that adds stages of its own and then `to_device(dataset, config.data)` last.
     """
     c = config.data
     utterances = read_manifest(manifest) if isinstance(manifest, (str, os.PathLike)) else list(manifest)
@@ -108,8 +110,8 @@ def build_dataset(
         if training:
             ds = ds.shuffle(min(c.shuffle_buffer_size or len(utterances), len(utterances)), seed=config.seed)
     ds = _batch(ds, c, batch_size, drop_remainder=training)
-    ds = ds.with_options(_options(c, training))
-    return _prefetch(ds, c)
+    ds = ds.with_options(_options(c, training)).prefetch(c.prefetch_buffer_size or tf.data.AUTOTUNE)
+    return to_device(ds, c) if gpu_copy else ds
 
 
 def _decode(row, c: DataConfig, table) -> dict:
@@ -255,8 +257,15 @@ def _options(c: DataConfig, training: bool) -> tf.data.Options:
     return options
 
 
-def _prefetch(ds: tf.data.Dataset, c: DataConfig) -> tf.data.Dataset:
-    if c.prefetch_to_gpu and tf.config.list_logical_devices("GPU"):
-        # Copies the next batches into GPU memory while the current step runs; must be the last stage.
-        return ds.apply(tf.data.experimental.prefetch_to_device("/gpu:0", buffer_size=c.prefetch_buffer_size or None))
-    return ds.prefetch(c.prefetch_buffer_size or tf.data.AUTOTUNE)
+def copies_to_gpu(c: DataConfig) -> bool:
+    """Whether `to_device` copies batches to the GPU: `data.prefetch_to_gpu` and a GPU TensorFlow sees."""
+    return bool(c.prefetch_to_gpu) and bool(tf.config.list_logical_devices("GPU"))
+
+
+def to_device(ds: tf.data.Dataset, c: DataConfig) -> tf.data.Dataset:
+    """`ds` with the next batches copied into GPU memory while the current step runs (with
+    `copies_to_gpu`; else unchanged). It must be the pipeline's last stage: stages after it would
+    bring the batches back through the host."""
+    if not copies_to_gpu(c):
+        return ds
+    return ds.apply(tf.data.experimental.prefetch_to_device("/gpu:0", buffer_size=c.prefetch_buffer_size or None))

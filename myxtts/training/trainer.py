@@ -23,7 +23,7 @@ import yaml
 from myxtts import config as config_lib
 from myxtts.config import Config
 from myxtts.data.manifest import read_manifest, split_train_val
-from myxtts.data.pipeline import build_dataset
+from myxtts.data.pipeline import build_dataset, copies_to_gpu, to_device
 from myxtts.data.text import Vocabulary
 from myxtts.hardware.detect import detect_machine
 from myxtts.hardware.plan import Plan, RequestedSettings, plan_for_machine
@@ -188,7 +188,7 @@ def _fit(config: Config, policy: str, strategy, workdir: Path, train_rows, val_r
     """One attempt: build model, optimizer and datasets for the config's batch, restore, fit."""
     t, d = config.training, config.data
     accumulation = max(t.gradient_accumulation_steps, 1)
-    train_ds = build_dataset(config, train_rows, training=True, vocabulary=vocabulary)
+    train_ds = build_dataset(config, train_rows, training=True, vocabulary=vocabulary, gpu_copy=False)
     val_ds = build_dataset(config, val_rows, training=False, vocabulary=vocabulary) if val_rows else None
     if val_ds is not None:
         val_ds = distribute.evenly_split(val_ds, strategy)
@@ -216,7 +216,10 @@ def _fit(config: Config, policy: str, strategy, workdir: Path, train_rows, val_r
     # (cheap with data.cache_features; it recomputes the skipped batches' features without).
     micro_steps_done = start_step * accumulation
     if replicas == 1:
-        train_stream = progress.watch_input(train_ds.repeat().skip(micro_steps_done))
+        train_stream = train_ds.repeat().skip(micro_steps_done)
+        # Either the copy to the GPU or the input-wait clock can be the last stage, not both: with
+        # the copy, the steps wait on the GPU prefetch, whose background thread the clock cannot see.
+        train_stream = (to_device(train_stream, d) if copies_to_gpu(d) else progress.watch_input(train_stream))
     else:
         def host_stream(batch_size, shard, shards):
             # This host's share of the clips, batched per replica; the distributed iterator moves
