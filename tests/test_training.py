@@ -237,6 +237,15 @@ def _checkpoint_tensors(workdir):
             if name != "save_counter" and not isinstance(value, bytes)}
 
 
+def test_eager_debug_mode_trains(demo_corpus, tmp_path):
+    # training.enable_graph_mode: false (--enable-eager-debug) runs the step as plain Python; it once
+    # failed on the first step because a log value was a variable, which Keras' eager loop cannot carry.
+    result = train(_config(demo_corpus, "training.enable_graph_mode=false", "training.max_steps=2",
+                           "training.eval_interval=100"), tmp_path / "eager")
+    assert result.step == 2 and result.train_function_traces == 2  # eager: the step's Python runs every time
+    assert all(math.isfinite(r["loss"]) for r in result.history)
+
+
 def test_out_of_memory_backs_off_to_half_the_batch_with_twice_the_accumulation(demo_corpus, tmp_path, monkeypatch):
     from myxtts.training import trainer
 

@@ -83,7 +83,9 @@ class TrainingModel(keras.Model):
             nonfinite_in_a_row=self.nonfinite_in_a_row.value,
             learning_rate=self._learning_rate_or_d(),
         )
-        return reducible_logs(logs)
+        # Tensors, not variables: run eagerly (--enable-eager-debug), Keras wraps the logs in a
+        # tf.data Optional, which cannot hold a variable ("'NoneType' object has no attribute 'is_set'").
+        return reducible_logs({name: tf.identity(value) for name, value in logs.items()})
 
     def test_step(self, batch):
         batch = self.with_mel(batch)
