@@ -237,6 +237,14 @@ def _checkpoint_tensors(workdir):
             if name != "save_counter" and not isinstance(value, bytes)}
 
 
+def test_too_few_clips_for_one_batch_is_a_clear_error(demo_corpus, tmp_path):
+    # 24 short demo clips, at most 1 s each kept, in batches of 8: no batch forms.
+    config = _config(demo_corpus, "data.max_duration_s=1.0", "data.min_duration_s=0.5", "data.batch_size=8",
+                     "data.bucket_boundaries_s=[1.0]")
+    with pytest.raises(ValueError, match=r"do not fill one batch of 8.*lower data.batch_size"):
+        train(config, tmp_path / "few")
+
+
 def test_eager_debug_mode_trains(demo_corpus, tmp_path):
     # training.enable_graph_mode: false (--enable-eager-debug) runs the step as plain Python; it once
     # failed on the first step because a log value was a variable, which Keras' eager loop cannot carry.

@@ -192,7 +192,13 @@ def _fit(config: Config, policy: str, strategy, workdir: Path, train_rows, val_r
     val_ds = build_dataset(config, val_rows, training=False, vocabulary=vocabulary) if val_rows else None
     if val_ds is not None:
         val_ds = distribute.evenly_split(val_ds, strategy)
-    model = build_training_model(config, len(vocabulary), policy, next(iter(train_ds.take(1))), strategy)
+    first_batch = next(iter(train_ds.take(1)), None)
+    if first_batch is None:
+        raise ValueError(
+            f"the {len(train_rows)} training clips do not fill one batch of {d.batch_size}: clips outside "
+            f"data.min_duration_s / data.max_duration_s ({d.min_duration_s}-{d.max_duration_s} s) are dropped, and with "
+            "data.bucketing each length bucket fills its own batches; lower data.batch_size (--batch-size) or add data")
+    model = build_training_model(config, len(vocabulary), policy, first_batch, strategy)
     replicas = distribute.replicas(strategy)
     network, optimizer = model.network, model.optimizer
 
