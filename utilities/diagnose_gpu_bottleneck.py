@@ -29,19 +29,19 @@ import sys
 from pathlib import Path
 
 REPOSITORY_ROOT = Path(__file__).resolve().parent.parent
+if str(REPOSITORY_ROOT) not in sys.path:  # run as a script from a checkout
+    sys.path.insert(0, str(REPOSITORY_ROOT))
+
+from myxtts.diagnostics.arguments import add_run_arguments, run_overrides  # noqa: E402 - after the path
 
 
 def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config", type=Path, help="YAML config (default: configs/config.yaml's defaults)")
-    parser.add_argument("--train-data", help="LJSpeech folder, metadata.csv or JSONL manifest (data.train_data)")
-    parser.add_argument("--batch-size", type=int, help="clips per batch (data.batch_size); default: the config's")
+    add_run_arguments(parser)
     parser.add_argument("--num-batches", type=int, default=50,
                         help="batches for the pipeline measurement and training steps to split (default: %(default)s)")
     parser.add_argument("--step-repeats", type=int, default=None,
                         help="steps for the step-alone measurement (default: --num-batches, 5 to 20)")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="override any config key, e.g. --set model.size=small (repeatable)")
     parser.add_argument("--json", type=Path, help="write the report as JSON to this file")
     parser.add_argument("--plot", type=Path, help="write a PNG timeline of GPU utilization and input wait")
     parser.add_argument("--apply", action="store_true",
@@ -70,17 +70,10 @@ def main(argv: list[str] | None = None) -> int:
     arguments = parse_arguments(argv)
     # Quiets TensorFlow's C++ start-up lines so progress stays readable; set before TF is imported.
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    if str(REPOSITORY_ROOT) not in sys.path:
-        sys.path.insert(0, str(REPOSITORY_ROOT))
     from myxtts.config import ConfigError, load_config
     from myxtts.data.manifest import ManifestError
 
-    overrides = []
-    if arguments.train_data:
-        overrides.append(f"data.train_data={arguments.train_data}")
-    if arguments.batch_size:
-        overrides.append(f"data.batch_size={arguments.batch_size}")
-    overrides += arguments.set
+    overrides = run_overrides(arguments)
     try:
         config = load_config(arguments.config, overrides=overrides)
         report = run(config, arguments, overrides)

@@ -18,18 +18,18 @@ import sys
 from pathlib import Path
 
 REPOSITORY_ROOT = Path(__file__).resolve().parent.parent
+if str(REPOSITORY_ROOT) not in sys.path:  # run as a script from a checkout
+    sys.path.insert(0, str(REPOSITORY_ROOT))
+
+from myxtts.diagnostics.arguments import add_run_arguments, run_overrides  # noqa: E402 - after the path
 
 
 def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config", type=Path, help="YAML config (default: configs/config.yaml's defaults)")
-    parser.add_argument("--train-data", help="LJSpeech folder, metadata.csv or JSONL manifest (data.train_data)")
-    parser.add_argument("--batch-size", type=int, help="clips per batch (data.batch_size); default: the config's")
+    add_run_arguments(parser)
     parser.add_argument("--steps", type=int, default=20, help="training steps to trace (default: %(default)s)")
     parser.add_argument("--logdir", type=Path,
                         help="TensorBoard log directory (default: runs/<config name>/logs, the run's own)")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="override any config key, e.g. --set model.size=small (repeatable)")
     arguments = parser.parse_args(argv)
     if arguments.steps < 1:
         parser.error(f"--steps must be at least 1, got {arguments.steps}")
@@ -45,21 +45,16 @@ def default_logdir(config_path: Path | None) -> Path:
 def main(argv: list[str] | None = None) -> int:
     arguments = parse_arguments(argv)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    if str(REPOSITORY_ROOT) not in sys.path:
-        sys.path.insert(0, str(REPOSITORY_ROOT))
     from myxtts.config import ConfigError, load_config
     from myxtts.data.manifest import ManifestError
 
-    overrides = [f"data.train_data={arguments.train_data}"] if arguments.train_data else []
-    if arguments.batch_size:
-        overrides.append(f"data.batch_size={arguments.batch_size}")
     logdir = arguments.logdir or default_logdir(arguments.config)
 
     def progress(message: str) -> None:
         print(message, file=sys.stderr, flush=True)
 
     try:
-        config = load_config(arguments.config, overrides=overrides + arguments.set)
+        config = load_config(arguments.config, overrides=run_overrides(arguments))
         from myxtts.diagnostics.profile_trace import capture_trace, how_to_open
         from myxtts.diagnostics.training_setup import build_training_setup, prepare_run
 

@@ -1,0 +1,27 @@
+"""The run-selecting options the diagnostic tools share with each other, and the config they give.
+
+Both `utilities/diagnose_gpu_bottleneck.py` and `utilities/gpu_profiler.py` measure a training run
+described the way `train_main.py` describes one: a config file, the training data, the batch size
+and any `--set key=value`. Plain argparse, so the tools' `--help` works without TensorFlow.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def add_run_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", type=Path, help="YAML config (default: configs/config.yaml's defaults)")
+    parser.add_argument("--train-data", help="LJSpeech folder, metadata.csv or JSONL manifest (data.train_data)")
+    parser.add_argument("--batch-size", type=int, help="clips per batch (data.batch_size); default: the config's")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="override any config key, e.g. --set model.size=small (repeatable)")
+
+
+def run_overrides(arguments: argparse.Namespace) -> list[str]:
+    """The config overrides the options above ask for, `--set` last (so it wins)."""
+    overrides = [f"data.train_data={arguments.train_data}"] if arguments.train_data else []
+    if arguments.batch_size:
+        overrides.append(f"data.batch_size={arguments.batch_size}")
+    return overrides + list(arguments.set)
