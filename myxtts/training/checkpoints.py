@@ -76,13 +76,8 @@ class Checkpoints:
             raise CheckpointError(f"no checkpoint in {self.root / 'latest'}")
         meta = read_meta(path)
         if meta["optimizer"] == self.optimizer_type:
-            try:
-                status = self._full.restore(path)
-                status.assert_existing_objects_matched() if strict else status.expect_partial()
-            except (AssertionError, ValueError) as error:  # a missing name, or a shape that differs
-                raise CheckpointError(f"{path} does not match this run's network and optimizer (another model size, "
-                                      f"or written by an older MyXTTS; --reset-training starts over): "
-                                      f"{str(error).splitlines()[0][:300]}") from None
+            _restore(self._full, path, strict, "does not match this run's network and optimizer (another model size, "
+                     "or written by an older MyXTTS; --reset-training starts over)")
             return Restored(path, meta["step"], True, f"resumed from {path} at step {meta['step']}")
         restore_network(self.network, path)
         return Restored(
@@ -117,12 +112,19 @@ def _path_prefix(network) -> str:
 
 def restore_network(network, path: str) -> None:
     """Loads the weights of checkpoint `path` into `network`; every weight must be found there."""
-    checkpoint = tf.train.Checkpoint(network=network_variables(network))
+    _restore(tf.train.Checkpoint(network=network_variables(network)), path, True,
+             "does not hold this network's weights (another model size or vocabulary, or written by an older MyXTTS)")
+
+
+def _restore(checkpoint: tf.train.Checkpoint, path: str, strict: bool, mismatch: str) -> None:
+    """Restores `path` into `checkpoint`; `strict`: every variable must be found. A missing name or a
+    shape that differs is a CheckpointError saying `path` + `mismatch`."""
     try:
-        checkpoint.restore(path).expect_partial().assert_existing_objects_matched()
-    except (AssertionError, ValueError) as error:  # a missing name, or a shape that differs
-        raise CheckpointError(f"{path} does not hold this network's weights (another model size or vocabulary, "
-                              f"or written by an older MyXTTS): {str(error).splitlines()[0][:300]}") from None
+        status = checkpoint.restore(path).expect_partial()  # checkpoint values nobody asked for stay quiet
+        if strict:
+            status.assert_existing_objects_matched()
+    except (AssertionError, ValueError) as error:
+        raise CheckpointError(f"{path} {mismatch}: {str(error).splitlines()[0][:300]}") from None
 
 
 def _by_name(variables, prefix: str, optimizer_variables: bool = False) -> tf.train.Checkpoint:

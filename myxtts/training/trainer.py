@@ -230,8 +230,8 @@ def _fit(config: Config, policy: str, strategy, workdir: Path, train_rows, val_r
         def host_stream(batch_size, shard, shards):
             # This host's share of the clips, batched per replica; the distributed iterator moves
             # each batch to its device, so the pipeline itself must not prefetch to a GPU.
-            local = dataclasses.replace(config, data=dataclasses.replace(d, batch_size=batch_size, prefetch_to_gpu=False))
-            stream = build_dataset(local, train_rows[shard::shards], training=True, vocabulary=vocabulary)
+            local = dataclasses.replace(config, data=dataclasses.replace(d, batch_size=batch_size))
+            stream = build_dataset(local, train_rows[shard::shards], training=True, vocabulary=vocabulary, gpu_copy=False)
             return stream.repeat().skip(micro_steps_done * replicas // shards)  # the batches this host already served
 
         # A distributed dataset takes no further stages: no input_wait_ms with several replicas.
