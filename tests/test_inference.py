@@ -10,7 +10,7 @@ import tensorflow as tf
 from myxtts.config import DataConfig
 from myxtts.data import audio
 from myxtts.models import griffin_lim
-from myxtts.models.inference import autoregress, generate
+from myxtts.models.inference import autoregress, end_silence, generate
 from myxtts.models.xtts import XTTS
 
 VOCAB = 12
@@ -65,6 +65,49 @@ def test_length_ends_at_the_first_frame_over_the_threshold(model, prompt):
     assert length.numpy().tolist() == [3, 3]
     _, length = generate(model, tokens, reference[:2], lengths[:2], max_frames=MAX_FRAMES, stop_threshold=0.6)
     assert length.numpy().tolist() == [4, 4]
+
+
+class ScriptedSpeaker:
+    """Stands in for XTTS in the decoding loop: speaks a fixed log-mel energy per frame (one
+    row per batch row) and never fires its stop head, so only the silence rule can end a row."""
+
+    reduction_factor = 4
+    n_mels = 3
+
+    def __init__(self, energies):
+        self.energies = tf.constant(energies, tf.float32)  # [B, frames]
+
+    def decode(self, latents, tokens, text_length, mel, training=False):
+        frames = tf.shape(mel)[1]
+        energy = self.energies[:, :frames]
+        mel_before = tf.tile(energy[:, :, None], [1, 1, self.n_mels]) - tf.constant([0.0, 3.0, 5.0])  # loudest band first
+        return {"mel_before": mel_before, "stop_logits": tf.fill(tf.shape(energy), -10.0)}
+
+
+def test_a_silence_after_speech_ends_the_row_where_it_began():
+    loud, quiet, frames = 1.0, -8.0, 48
+    speaks_then_stops = [loud] * 13 + [quiet] * (frames - 13)  # silent from frame 13 on
+    pauses = [loud] * 8 + [quiet] * 9 + [loud] * 8 + [quiet] * 9 + [loud] * (frames - 34)  # pauses shorter than 10
+    starts_silent = [quiet] * frames  # never louder than itself: not a silence after speech
+    speaker = ScriptedSpeaker([speaks_then_stops, pauses, starts_silent])
+    tokens = tf.constant([[2, 5, 3]] * 3)
+    rule = {"silence_frames": 10, "silence_depth": 6.9}  # 60 dB of a magnitude mel
+    _, length = autoregress(speaker, tf.zeros([3, 1, 2]), tokens, tf.constant([3, 3, 3]), frames, **rule)
+    assert length.numpy().tolist() == [13, frames, frames]
+    # A shallower drop than the depth is not silence; and with the rule off nothing stops.
+    _, length = autoregress(speaker, tf.zeros([3, 1, 2]), tokens, tf.constant([3, 3, 3]), frames,
+                            silence_frames=10, silence_depth=9.5)
+    assert length.numpy().tolist() == [frames] * 3
+    _, length = autoregress(speaker, tf.zeros([3, 1, 2]), tokens, tf.constant([3, 3, 3]), frames)
+    assert length.numpy().tolist() == [frames] * 3
+
+
+def test_end_silence_is_the_trimming_threshold_in_log_mel_units():
+    rule = end_silence(DataConfig(trim_silence_db=60.0))
+    assert rule["silence_depth"] == pytest.approx(3 * math.log(10))  # 60 dB of magnitude: a factor 1000
+    assert rule["silence_frames"] == round(0.5 * DataConfig().frames_per_second)
+    assert end_silence(DataConfig(trim_silence_db=60.0, power=2.0))["silence_depth"] == pytest.approx(6 * math.log(10))
+    assert end_silence(DataConfig(trim_silence_db=0.0))["silence_frames"] == 0  # untrimmed clips: stop head only
 
 
 def test_each_step_matches_teacher_forcing_on_the_generated_frames(model, prompt):

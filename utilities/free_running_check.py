@@ -3,8 +3,9 @@
     python utilities/free_running_check.py --run runs/demo [--max-seconds 12]
 
 For every validation clip of the run: free-running synthesis of its text in its own voice (the
-same reference clip as in training), stopping where the stop head first says p > 0.5, and the ratio
-of that length to the recording's (trimmed) length. Teacher-forced losses say how well the model
+same reference clip as in training), stopping as synthesis does (the stop head says p > 0.5, or
+the frames have gone silent: `inference.end_silence`), what ended it, and the ratio of that
+length to the recording's (trimmed) length. Teacher-forced losses say how well the model
 predicts the next frames; this says whether it can pace itself through a text on its own, which is
 what the demo's "speech-shaped" check asks (a ratio between 0.5 and 2).
 """
@@ -29,7 +30,9 @@ def main(argv=None) -> int:
     import numpy as np
 
     from myxtts.data.pipeline import build_dataset
-    from myxtts.models.inference import generate
+    import tensorflow as tf
+
+    from myxtts.models.inference import autoregress, end_silence
     from myxtts.models.synthesizer import Synthesizer
     from myxtts.training.checkpoints import CheckpointError
     from myxtts.training.trainer import load_splits
@@ -45,12 +48,23 @@ def main(argv=None) -> int:
     if args.max_seconds:
         max_frames = min(max_frames, int(args.max_seconds * d.frames_per_second))
     _, val_rows = load_splits(config)
+    rule = end_silence(d)
     ratios = []
     for batch in build_dataset(config, val_rows, training=False, vocabulary=synthesizer.vocabulary):
-        _, length = generate(network, batch["tokens"], batch["reference_mel"], batch["reference_length"], max_frames)
-        for spoken, recorded in zip(length.numpy(), batch["mel_length"].numpy()):
+        latents = network.conditioning_latents(batch["reference_mel"], batch["reference_length"])
+        mel, length = autoregress(network, latents, batch["tokens"], batch["text_length"], max_frames, **rule)
+        # Which rule ended a row: one teacher-forced pass over the generated frames replays the
+        # loop's stop probabilities exactly (causality), so the stop head ended it if its last
+        # frame is over the threshold; otherwise the frames had gone silent.
+        stop = tf.sigmoid(network.decode(latents, batch["tokens"], batch["text_length"], mel)["stop_logits"]).numpy()
+        for row, (spoken, recorded) in enumerate(zip(length.numpy(), batch["mel_length"].numpy())):
             ratios.append(spoken / recorded)
-            ended = "stopped" if spoken < max_frames else "hit the limit"
+            if spoken == max_frames:
+                ended = "hit the limit"
+            elif stop[row, spoken - 1] > 0.5:
+                ended = "stop head"
+            else:
+                ended = "went silent"
             print(f"recording {recorded:4d} frames, synthesis {spoken:4d} ({ended}): ratio {spoken / recorded:.2f}")
     ratios = np.array(ratios)
     within = int(np.sum((ratios >= 0.5) & (ratios <= 2.0)))

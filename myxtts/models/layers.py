@@ -43,6 +43,27 @@ def sinusoidal_positions(length, depth: int, dtype) -> tf.Tensor:
     return tf.cast(code, dtype)
 
 
+# Periods, in frames per text token, of the progress code's sine/cosine pairs: from a fraction of
+# a typical character (about 6 frames at 86 frames/s) to several times the slowest speech.
+PROGRESS_PERIODS = (1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0)
+PROGRESS_FEATURES = 2 * len(PROGRESS_PERIODS) + 1
+
+
+def progress_code(positions, reduction_factor: int, text_length) -> tf.Tensor:
+    """How far each mel position is into its text: [B, P, PROGRESS_FEATURES] float32.
+
+    The measure is u = frames before the position's group / the text's tokens, frames spoken per
+    token so far. A sentence ends near the same u whatever its length (a speaker's rate), so the
+    stop head and the decoder can read "nearly done" from it from the first updates, where
+    absolute positions alone would have to be related to the text's length by attention first.
+    Coded as sin/cos of 2 pi u / period for PROGRESS_PERIODS plus u / 64 itself.
+    """
+    frames = tf.cast(tf.range(positions) * reduction_factor, tf.float32)  # [P]
+    per_token = frames[None, :] / tf.cast(tf.maximum(text_length, 1), tf.float32)[:, None]  # [B, P]
+    angles = per_token[..., None] * (2.0 * math.pi / tf.constant(PROGRESS_PERIODS))  # [B, P, periods]
+    return tf.concat([tf.sin(angles), tf.cos(angles), per_token[..., None] / PROGRESS_PERIODS[-1]], axis=-1)
+
+
 class Attention(keras.layers.Layer):
     """Multi-head scaled dot-product attention of `query` [B, Q, d] over `context` [B, C, d].
 
@@ -136,15 +157,30 @@ class TransformerBlock(keras.layers.Layer):
         self.ff_out.build([None, None, self.ff_multiplier * self.d_model])
         self.built = True
 
-    def call(self, x, context=None, attention_mask=None, training=False):
+    def call(self, x, context=None, attention_mask=None, training=False, dropout_seed=None):
+        """`dropout_seed` ([2] int, from `draw_dropout_seed`) fixes the dropout masks: a block
+        recomputed for gradient checkpointing must drop the same units as its forward pass."""
         normed = self.attention_norm(x)
         if self.cross_attention:
             attended = self.attention(normed, self.context_norm(context), attention_mask=attention_mask)
         else:
             attended = self.attention(normed, attention_mask=attention_mask)
-        x = x + self.residual_dropout(attended, training=training)
+        x = x + self._dropout(attended, training, dropout_seed, 0)
         hidden = self.ff_out(self.ff_in(self.ff_norm(x)))
-        return x + self.residual_dropout(hidden, training=training)
+        return x + self._dropout(hidden, training, dropout_seed, 1)
+
+    def draw_dropout_seed(self):
+        """A fresh [2] seed from the block's Dropout layer's generator (seeded, like any Keras
+        dropout, by `keras.utils.set_random_seed`)."""
+        return self.residual_dropout.seed_generator.next()
+
+    def _dropout(self, x, training, seed, index: int):
+        if seed is None:
+            return self.residual_dropout(x, training=training)
+        if not training or self.dropout == 0.0:
+            return x
+        seed = tf.random.experimental.stateless_fold_in(tf.cast(seed, tf.int64), index)  # one mask per use
+        return tf.nn.experimental.stateless_dropout(x, rate=self.dropout, seed=seed)
 
     def get_config(self):
         config = super().get_config()

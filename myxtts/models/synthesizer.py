@@ -18,7 +18,7 @@ from myxtts.config import Config, load_config
 from myxtts.data.pipeline import reference_log_mel
 from myxtts.data.text import Vocabulary, tokenize
 from myxtts.models.griffin_lim import log_mel_to_audio, write_wav
-from myxtts.models.inference import generate
+from myxtts.models.inference import end_silence, generate
 from myxtts.models.xtts import XTTS, network_for
 
 
@@ -70,7 +70,7 @@ class Synthesizer:
         if max_seconds:
             max_frames = min(max_frames, 8 * math.ceil(max_seconds * d.frames_per_second / 8))
         mel, length = generate(self.network, tokens, reference_mel, reference_length, max_frames,
-                               average_references=len(reference_paths) > 1)
+                               average_references=len(reference_paths) > 1, **end_silence(d))
         mel = mel[0, : int(length[0])]
         return log_mel_to_audio(mel, d), mel
 

@@ -18,6 +18,10 @@ position ever reads padding. Mel padding needs no key mask: it comes after every
 position, which causality already hides. Text and mel positions count from 0 within their own
 segment, so the amount of text padding does not move the mel positions either.
 
+Besides its learned position, each mel position gets a code of its progress through the text
+(`layers.progress_code`: frames so far per text token). A speaker's sentences end near the same
+value, so the decoder can tell it is near the end without first learning to align with the text.
+
 The batch dict is the pipeline's (`myxtts.data.pipeline`); shapes are static per bucket, so an
 XLA-compiled step sees one program per bucket. Outputs are float32 whatever the dtype policy.
 """
@@ -30,7 +34,9 @@ import keras
 import tensorflow as tf
 
 from myxtts.models.conditioning_encoder import ConditioningEncoder
-from myxtts.models.layers import MEL_SCALE, MelPrenet, Postnet, TransformerBlock, denormalize_mel, normalize_mel
+from myxtts.models.layers import (
+    MEL_SCALE, PROGRESS_FEATURES, MelPrenet, Postnet, TransformerBlock, denormalize_mel, normalize_mel, progress_code,
+)
 from myxtts.models.sizes import get_size
 
 _STOP_PRIOR_LOGIT = -4.0
@@ -52,9 +58,8 @@ class XTTS(keras.Model):
         self.max_text_length = max_text_length
         self.max_mel_frames = max_mel_frames
         # Recompute each transformer block's activations in the backward pass instead of keeping
-        # them: about a block's forward pass more compute for much less activation memory.
-        # Known limit: on the TensorFlow backend the recomputation draws fresh dropout masks, so
-        # with dropout > 0 the recomputed blocks' gradients use other masks than the forward pass.
+        # them: about a block's forward pass more compute for much less activation memory. The
+        # gradients are those of the plain pass, dropout included (tests/test_model.py).
         self.gradient_checkpointing = gradient_checkpointing
         self.spec = spec
         self.reduction_factor = spec.reduction_factor
@@ -69,6 +74,7 @@ class XTTS(keras.Model):
         self.text_positions = keras.layers.Embedding(max_text_length, d, name="text_positions")
         self.mel_prenet = MelPrenet(d, spec.reduction_factor * n_mels, spec.prenet_dropout, name="mel_prenet")
         self.mel_positions = keras.layers.Embedding(self.max_mel_positions, d, name="mel_positions")
+        self.mel_progress = keras.layers.Dense(d, use_bias=False, name="mel_progress")
         self.blocks = [
             TransformerBlock(d, spec.num_heads, spec.ff_multiplier, spec.dropout, name=f"block_{i}")
             for i in range(spec.num_layers)
@@ -96,6 +102,7 @@ class XTTS(keras.Model):
         for layer in (self.text_embedding, self.text_positions, self.mel_positions):
             layer.build([None])
         self.mel_prenet.build([None, None, r * self.n_mels])
+        self.mel_progress.build([None, None, PROGRESS_FEATURES])
         for block in self.blocks:
             block.build([None, None, d])
         for layer in (self.final_norm, self.text_head, self.mel_head, self.stop_head):
@@ -145,15 +152,26 @@ class XTTS(keras.Model):
         text = self.text_embedding(tokens) + self.text_positions(tf.range(text_len))[None]  # [B, L, d]
         padded_mel = tf.pad(normalize_mel(tf.cast(mel, dtype)), [[0, 0], [0, positions * r - frames], [0, 0]])
         groups = tf.reshape(padded_mel, tf.stack([batch, positions, r * n_mels]))  # [B, P, r * n_mels]
-        mel_inputs = self.mel_prenet(groups, training=training) + self.mel_positions(tf.range(positions))[None]
+        mel_inputs = (
+            self.mel_prenet(groups, training=training)
+            + self.mel_positions(tf.range(positions))[None]
+            + self.mel_progress(tf.cast(progress_code(positions, r, text_length), dtype))
+        )
         x = tf.concat([latents, tf.cast(text, dtype), tf.cast(mel_inputs, dtype)], axis=1)  # [B, K + L + P, d]
 
         attention_mask = _attention_mask(num_latents, text_length, text_len, positions)
         for block in self.blocks:
+            # The dropout seed is drawn here, outside the recomputed function: drawn inside it, the
+            # recomputation would advance the generator and drop other units than the forward pass.
+            seed = block.draw_dropout_seed() if training and self.spec.dropout > 0.0 else None
             if self.gradient_checkpointing and training:
-                x = keras.remat(lambda h, block=block: block(h, attention_mask=attention_mask, training=training))(x)
+                x = keras.remat(
+                    lambda h, block=block, seed=seed: block(
+                        h, attention_mask=attention_mask, training=training, dropout_seed=seed
+                    )
+                )(x)
             else:
-                x = block(x, attention_mask=attention_mask, training=training)
+                x = block(x, attention_mask=attention_mask, training=training, dropout_seed=seed)
         x = self.final_norm(x)
 
         text_hidden = x[:, num_latents : num_latents + text_len]  # [B, L, d]

@@ -240,12 +240,13 @@ class ValidationSamples(keras.callbacks.Callback):
         if not any(key.startswith("val_") for key in (logs or {})):
             return  # no validation this time (the run was interrupted): nothing to pair the sample with
         from myxtts.models.griffin_lim import log_mel_to_audio
-        from myxtts.models.inference import generate
+        from myxtts.models.inference import end_silence, generate
 
         ex, c = self.example, self.data_config
         tokens = ex["tokens"][: int(ex["text_length"])]
         limit = min(2 * int(ex["mel_length"]) + 8, c.bucket_mel_lengths[-1])
-        mel, length = generate(self.network, tokens, ex["reference_mel"][None], ex["reference_length"][None], limit)
+        mel, length = generate(self.network, tokens, ex["reference_mel"][None], ex["reference_length"][None], limit,
+                               **end_silence(c))
         mel = mel[0, : int(length[0])]  # [frames, n_mels]
         step = optimizer_step(self.model)
         with self.writer.as_default(step=step):
