@@ -177,9 +177,9 @@ def test_end_to_end_resume_optimizer_switch_and_no_recompilation(demo_corpus, tm
     # kernels may sum in another order between runs, hence a tolerance rather than equality.
     np.testing.assert_allclose([r["loss"] for r in resumed.history], [r["loss"] for r in straight.history[3:]], rtol=1e-4)
     straight_ckpt, split_ckpt = (_checkpoint_tensors(tmp_path / name) for name in ("straight", "split"))
-    # Every variable: the tiny model's 89 weights, AdamW's two moments of each and its step count
+    # Every variable: the tiny model's 91 weights, AdamW's two moments of each and its step count
     # (the learning rate is a schedule of the step, not a variable).
-    assert straight_ckpt.keys() == split_ckpt.keys() and len(straight_ckpt) == 89 + 2 * 89 + 1
+    assert straight_ckpt.keys() == split_ckpt.keys() and len(straight_ckpt) == 91 + 2 * 91 + 1
     assert int(straight_ckpt["optimizer/iteration"]) == int(split_ckpt["optimizer/iteration"]) == 6
     for name, value in straight_ckpt.items():
         np.testing.assert_allclose(split_ckpt[name], value, atol=1e-5, err_msg=name)

@@ -36,11 +36,15 @@ def denormalize_mel(normalized):
 
 def sinusoidal_positions(length, depth: int, dtype) -> tf.Tensor:
     """The transformer's fixed sine/cosine position code: [length, depth] in `dtype`."""
-    positions = tf.cast(tf.range(length), tf.float32)[:, None]  # [length, 1]
+    return tf.cast(sinusoidal_code(tf.cast(tf.range(length), tf.float32), depth), dtype)
+
+
+def sinusoidal_code(positions, depth: int) -> tf.Tensor:
+    """The sine/cosine code of float `positions` [...]: [..., depth] float32. Fractional positions
+    are allowed; codes of nearby positions have large dot products, distant ones small."""
     rates = tf.exp(-math.log(10000.0) * tf.range(0, depth, 2, dtype=tf.float32) / depth)  # [depth / 2]
-    angles = positions * rates[None, :]
-    code = tf.concat([tf.sin(angles), tf.cos(angles)], axis=-1)[:, :depth]
-    return tf.cast(code, dtype)
+    angles = positions[..., None] * rates
+    return tf.concat([tf.sin(angles), tf.cos(angles)], axis=-1)[..., :depth]
 
 
 # Periods, in frames per text token, of the progress code's sine/cosine pairs: from a fraction of
