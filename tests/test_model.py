@@ -88,6 +88,11 @@ def test_get_config_round_trip_gives_the_same_outputs(model):
     expected, actual = _numpy(model(batch)), _numpy(clone(batch))
     for key in expected:
         np.testing.assert_allclose(actual[key], expected[key], rtol=1e-5, atol=1e-5, err_msg=key)
+    # The alignment prior's slope is part of the config, and of what the network computes.
+    slower = XTTS.from_config({**config, "frames_per_token": 2 * config["frames_per_token"]})
+    slower(batch)
+    slower.set_weights(model.get_weights())
+    assert not np.allclose(_numpy(slower(batch))["mel_before"], expected["mel_before"], atol=1e-5)
 
 
 def test_saved_model_file_loads_with_the_same_outputs(model, tmp_path):

@@ -41,10 +41,6 @@ from myxtts.models.layers import (
 from myxtts.models.sizes import get_size
 
 _STOP_PRIOR_LOGIT = -4.0
-# The slope of the alignment prior: mel frames per text token (characters and the BOS/EOS marks).
-# Measured on the demo corpus: 4.6 (4.1-5.4 from the 5th to the 95th percentile); read English
-# runs at 5-6. A corpus off this by 20% tilts the prior's diagonal; attention corrects it by content.
-ALIGNMENT_FRAMES_PER_TOKEN = 5.0
 
 
 @keras.saving.register_keras_serializable(package="myxtts")
@@ -54,7 +50,8 @@ class XTTS(keras.Model):
     `data.bucket_text_lengths` and `data.bucket_mel_lengths`)."""
 
     def __init__(self, vocab_size: int, n_mels: int, size: str = "small", max_text_length: int = 320,
-                 max_mel_frames: int = 1040, gradient_checkpointing: bool = False, **kwargs):
+                 max_mel_frames: int = 1040, gradient_checkpointing: bool = False, frames_per_token: float = 5.0,
+                 **kwargs):
         super().__init__(**kwargs)
         spec = get_size(size)
         self.vocab_size = vocab_size
@@ -66,6 +63,11 @@ class XTTS(keras.Model):
         # them: about a block's forward pass more compute for much less activation memory. The
         # gradients are those of the plain pass, dropout included (tests/test_model.py).
         self.gradient_checkpointing = gradient_checkpointing
+        # The slope of the alignment prior (`model.frames_per_token`): mel frames per text token
+        # (characters and the BOS/EOS marks). The demo corpus has 4.6 (4.1-5.4 from the 5th to the
+        # 95th percentile), read English 5-6. A corpus 20% off tilts the prior's diagonal, which
+        # attention then corrects by content.
+        self.frames_per_token = frames_per_token
         self.spec = spec
         self.reduction_factor = spec.reduction_factor
         self.max_mel_positions = math.ceil(max_mel_frames / spec.reduction_factor)
@@ -159,11 +161,11 @@ class XTTS(keras.Model):
         latents = tf.cast(latents, dtype)
         latents = tf.broadcast_to(latents, tf.stack([batch, num_latents, tf.shape(latents)[2]]))
         # The alignment prior: token n and the mel position expected to speak it, at frame
-        # n * ALIGNMENT_FRAMES_PER_TOKEN, get the same sinusoidal code, so attention can find the
+        # n * frames_per_token, get the same sinusoidal code, so attention can find the
         # text being spoken by position before it has learned to by content.
         d = self.spec.d_model
         token_code = sinusoidal_code(tf.cast(tf.range(text_len), tf.float32), d)  # [L, d]
-        spoken_token = tf.cast(tf.range(positions) * r, tf.float32) / ALIGNMENT_FRAMES_PER_TOKEN
+        spoken_token = tf.cast(tf.range(positions) * r, tf.float32) / self.frames_per_token
         mel_code = sinusoidal_code(spoken_token, d)  # [P, d]
         scale = tf.cast(self.alignment_scale, dtype)
         text = (self.text_embedding(tokens) + self.text_positions(tf.range(text_len))[None]
@@ -241,6 +243,7 @@ class XTTS(keras.Model):
             max_text_length=self.max_text_length,
             max_mel_frames=self.max_mel_frames,
             gradient_checkpointing=self.gradient_checkpointing,
+            frames_per_token=self.frames_per_token,
         )
         return config
 
@@ -274,4 +277,5 @@ def network_for(config, vocab_size: int) -> XTTS:
     d = config.data
     return XTTS(vocab_size=vocab_size, n_mels=d.n_mels, size=config.model.size,
                 max_text_length=d.bucket_text_lengths[-1], max_mel_frames=d.bucket_mel_lengths[-1],
-                gradient_checkpointing=config.training.gradient_checkpointing)
+                gradient_checkpointing=config.training.gradient_checkpointing,
+                frames_per_token=config.model.frames_per_token)
