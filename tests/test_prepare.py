@@ -16,7 +16,8 @@ import soundfile
 import soxr
 
 from myxtts.data.manifest import Utterance, read_manifest
-from myxtts.data.prepare import BadAudioFile, prepare_dataset, read_wav_header
+from myxtts.data.prepare import prepare_dataset
+from myxtts.data.wav_header import BadAudioFile, read_wav_header
 
 RATE = 22050
 REPOSITORY_ROOT = Path(__file__).resolve().parent.parent

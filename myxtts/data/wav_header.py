@@ -1,0 +1,137 @@
+"""What a WAV file's header declares, read without decoding, and the error for unusable audio.
+
+`tf.audio.decode_wav` reads only 16-bit PCM WAV (format tag 1, a `fmt ` chunk of 16 or 18 bytes,
+no odd-sized chunk before the data, because it ignores RIFF pad bytes) and fails mid-training on a
+file whose data chunk claims more bytes than it holds. `read_wav_header` finds all of this from
+the chunk headers alone, well under a millisecond per file, so `prepare.py` can decide once, ahead
+of training, which files go to TensorFlow as they are and which must be converted.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from dataclasses import dataclass
+
+# Reason codes for problems found in the audio itself (manifest-level codes live in manifest.py).
+MISSING_FILE = "missing_file"
+UNREADABLE_FILE = "unreadable_file"
+NOT_AUDIO = "not_audio"
+TRUNCATED = "truncated"
+CORRUPT = "corrupt"
+ZERO_LENGTH = "zero_length"
+TOO_SHORT = "too_short"
+TOO_LONG = "too_long"
+
+_PCM_FORMAT_TAG = 1
+
+
+class BadAudioFile(ValueError):
+    """An audio file that cannot be trained on: `reason` is a code, `detail` says what to do."""
+
+    def __init__(self, reason: str, detail: str):
+        super().__init__(detail)
+        self.reason = reason
+        self.detail = detail
+
+
+@dataclass(frozen=True)
+class WavHeader:
+    """What a RIFF/WAVE header declares, plus what the file really holds."""
+
+    format_tag: int
+    channels: int
+    sample_rate: int
+    bits_per_sample: int
+    block_align: int
+    fmt_chunk_size: int
+    data_size: int
+    layout_ok_for_tf: bool  # fmt before data and no odd-sized chunk before data
+
+    @property
+    def frames(self) -> int:
+        return self.data_size // self.block_align
+
+    def decodable_by_tf(self, sample_rate: int) -> bool:
+        """True when `tf.audio.decode_wav` reads this file as mono at `sample_rate` unchanged."""
+        return (
+            self.layout_ok_for_tf
+            and self.format_tag == _PCM_FORMAT_TAG
+            and self.fmt_chunk_size in (16, 18)
+            and self.bits_per_sample == 16
+            and self.channels == 1
+            and self.sample_rate == sample_rate
+            and self.data_size % self.block_align == 0
+        )
+
+
+def read_wav_header(path: str) -> WavHeader | None:
+    """Parse a WAV header without reading the samples; None when the file is not RIFF/WAVE.
+
+    Raises `BadAudioFile` when the header is broken, or when its data chunk claims more
+    bytes than the file holds: libsndfile silently shortens such files, but
+    `tf.audio.decode_wav` fails on them in the middle of training.
+    """
+    with open(path, "rb") as handle:
+        file_size = os.fstat(handle.fileno()).st_size
+        riff = handle.read(12)
+        if len(riff) < 12 or riff[:4] != b"RIFF" or riff[8:12] != b"WAVE":
+            return None
+        fmt_fields = None
+        fmt_chunk_size = 0
+        data_offset = data_size = None
+        odd_chunk_before_data = False
+        fmt_before_data = False
+        while True:
+            chunk_header = handle.read(8)
+            if len(chunk_header) < 8:
+                break
+            chunk_id = chunk_header[:4]
+            (chunk_size,) = struct.unpack("<I", chunk_header[4:])
+            body_start = handle.tell()
+            if chunk_id == b"fmt ":
+                body = handle.read(16)
+                if chunk_size < 16 or len(body) < 16:
+                    raise BadAudioFile(CORRUPT, "WAV 'fmt ' chunk is shorter than 16 bytes; re-export the file")
+                fmt_fields = struct.unpack("<HHIIHH", body)
+                fmt_chunk_size = chunk_size
+                if data_offset is not None:
+                    break
+            elif chunk_id == b"data":
+                data_offset, data_size = body_start, chunk_size
+                fmt_before_data = fmt_fields is not None
+                if fmt_before_data:
+                    break  # everything needed is known; chunks after the data do not matter
+            elif data_offset is None and chunk_size % 2:
+                odd_chunk_before_data = True
+            handle.seek(body_start + chunk_size + (chunk_size & 1))
+            if handle.tell() >= file_size:
+                break
+
+    if data_offset is None:
+        raise BadAudioFile(CORRUPT, "WAV file has no 'data' chunk (damaged or cut off); re-export it")
+    available = file_size - data_offset
+    if fmt_fields is None:
+        raise BadAudioFile(CORRUPT, "WAV file has no 'fmt ' chunk before its end; re-export it")
+    format_tag, channels, sample_rate, _byte_rate, block_align, bits_per_sample = fmt_fields
+    if channels == 0 or sample_rate == 0 or block_align == 0:
+        raise BadAudioFile(
+            CORRUPT, f"WAV header is invalid (channels={channels}, rate={sample_rate}, block_align={block_align})"
+        )
+    if data_size > available:
+        claimed, held = data_size // block_align, available // block_align
+        raise BadAudioFile(
+            TRUNCATED,
+            f"header says {claimed} frames ({claimed / sample_rate:.2f} s) but the file holds only {held} "
+            f"({held / sample_rate:.2f} s); the file was cut off, re-export or remove it",
+        )
+    return WavHeader(
+        format_tag=format_tag,
+        channels=channels,
+        sample_rate=sample_rate,
+        bits_per_sample=bits_per_sample,
+        block_align=block_align,
+        fmt_chunk_size=fmt_chunk_size,
+        data_size=data_size,
+        layout_ok_for_tf=fmt_before_data and not odd_chunk_before_data,
+    )
