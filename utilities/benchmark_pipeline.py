@@ -297,12 +297,12 @@ def baseline_dataset(config, utterances, vocabulary):
     import tensorflow as tf
 
     from myxtts.data import pipeline
-    from myxtts.data.text import BOS_ID, EOS_ID, SPECIAL_TOKENS, UNK_ID, _REPLACEMENTS
+    from myxtts.data.text import BOS_ID, EOS_ID, SPECIAL_TOKENS, UNK_ID, TEXT_REPLACEMENTS
 
     c = config.data
     parallel_calls = c.num_workers or tf.data.AUTOTUNE
     token_ids = {character: index for index, character in enumerate(vocabulary.tokens) if index >= len(SPECIAL_TOKENS)}
-    replacements = [(re.compile(pattern), replacement) for pattern, replacement in _REPLACEMENTS]
+    replacements = [(re.compile(pattern), replacement) for pattern, replacement in TEXT_REPLACEMENTS]
     mel_options = dict(
         sr=c.sample_rate, n_fft=c.n_fft, hop_length=c.hop_length, win_length=c.win_length, window="hann",
         center=True, pad_mode="constant", power=c.power, n_mels=c.n_mels, fmin=c.fmin, fmax=c.mel_fmax,
@@ -365,12 +365,12 @@ def baseline_dataset(config, utterances, vocabulary):
     })
     ds = ds.shuffle(len(utterances), seed=config.seed, reshuffle_each_iteration=True)
     ds = ds.map(decode_row, num_parallel_calls=parallel_calls)
-    # The private helpers below are the native pipeline's filter, bucketing and options, reused so
-    # that only the feature computation differs between the two sides.
-    ds = ds.filter(lambda example: pipeline._within_limits(example, c))
+    # The native pipeline's own filter, bucketing and options, so that only the feature
+    # computation differs between the two sides.
+    ds = ds.filter(lambda example: pipeline.within_limits(example, c))
     ds = ds.map(feature_row, num_parallel_calls=parallel_calls)
-    ds = pipeline._batch(ds, c, c.batch_size or pipeline.DEFAULT_BATCH_SIZE, drop_remainder=True)
-    ds = ds.with_options(pipeline._options(c, training=True))
+    ds = pipeline.batch_by_bucket(ds, c, c.batch_size or pipeline.DEFAULT_BATCH_SIZE, drop_remainder=True)
+    ds = ds.with_options(pipeline.dataset_options(c, training=True))
     return ds.prefetch(tf.data.AUTOTUNE)
 
 

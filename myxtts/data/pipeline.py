@@ -103,14 +103,14 @@ def build_dataset(
 
     table = vocabulary.lookup_table()
     ds = ds.map(lambda row: _decode(row, c, table), num_parallel_calls=parallel_calls)
-    ds = ds.filter(lambda ex: _within_limits(ex, c))
+    ds = ds.filter(lambda ex: within_limits(ex, c))
     ds = ds.map(lambda ex: _features(ex, c), num_parallel_calls=parallel_calls)
     if cache:
         ds = ds.cache(_cache_path(c, utterances, vocabulary, training))
         if training:
             ds = ds.shuffle(min(c.shuffle_buffer_size or len(utterances), len(utterances)), seed=config.seed)
-    ds = _batch(ds, c, batch_size, drop_remainder=training)
-    ds = ds.with_options(_options(c, training)).prefetch(c.prefetch_buffer_size or tf.data.AUTOTUNE)
+    ds = batch_by_bucket(ds, c, batch_size, drop_remainder=training)
+    ds = ds.with_options(dataset_options(c, training)).prefetch(c.prefetch_buffer_size or tf.data.AUTOTUNE)
     return to_device(ds, c) if gpu_copy else ds
 
 
@@ -127,7 +127,8 @@ def _decode(row, c: DataConfig, table) -> dict:
     }
 
 
-def _within_limits(example, c: DataConfig) -> tf.Tensor:
+def within_limits(example, c: DataConfig) -> tf.Tensor:
+    """Whether a decoded clip fits `data.min/max_duration_s` and the longest text bucket."""
     num_samples = tf.shape(example["samples"])[0]
     return tf.logical_and(
         tf.logical_and(num_samples >= int(c.min_duration_s * c.sample_rate), num_samples <= int(c.max_duration_s * c.sample_rate)),
@@ -196,7 +197,9 @@ def bucket_index(mel_length, text_length, c: DataConfig) -> tf.Tensor:
     return tf.cast(tf.maximum(by_mel, by_text)[0], tf.int64)
 
 
-def _batch(ds: tf.data.Dataset, c: DataConfig, batch_size: int, drop_remainder: bool) -> tf.data.Dataset:
+def batch_by_bucket(ds: tf.data.Dataset, c: DataConfig, batch_size: int, drop_remainder: bool) -> tf.data.Dataset:
+    """Padded batches of clips of similar length, padded to bucket boundaries (one shape per bucket,
+    so XLA compiles one program each); with `data.bucketing: false`, padded to the longest in the batch."""
     if not c.bucketing:
         signal = {"audio": [None]} if c.mel_on_device else {"mel": [None, c.n_mels]}
         shapes = {**signal, "tokens": [None], "reference_mel": [c.reference_frames, c.n_mels]}
@@ -245,7 +248,8 @@ def _cache_path(c: DataConfig, utterances, vocabulary: Vocabulary, training: boo
     return str(Path(c.cache_dir) / f"{'train' if training else 'eval'}-{digest}")
 
 
-def _options(c: DataConfig, training: bool) -> tf.data.Options:
+def dataset_options(c: DataConfig, training: bool) -> tf.data.Options:
+    """Threading and autotuning sized to the cores and memory this process may use."""
     cores = usable_cores()
     options = tf.data.Options()
     # Order only matters for evaluation and reproducibility tests; elsewhere let fast clips overtake.

@@ -17,7 +17,7 @@ SPECIAL_TOKENS = (PAD, UNK, BOS, EOS)
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = range(4)
 
 # Typographic variants folded to one ASCII spelling so "don’t" and "don't" share tokens.
-_REPLACEMENTS = (
+TEXT_REPLACEMENTS = (
     ("[‘’ʼ`´]", "'"),
     ("[“”„«»]", '"'),
     ("[‐‑‒–—―]", "-"),
@@ -29,7 +29,7 @@ _REPLACEMENTS = (
 def normalize_text(text) -> tf.Tensor:
     """Lower-case, fold quotes and dashes, collapse whitespace, strip. Works on any string tensor."""
     text = tf.strings.lower(tf.convert_to_tensor(text, tf.string), encoding="utf-8")
-    for pattern, replacement in _REPLACEMENTS:
+    for pattern, replacement in TEXT_REPLACEMENTS:
         text = tf.strings.regex_replace(text, pattern, replacement)
     return tf.strings.strip(text)
 
