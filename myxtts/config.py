@@ -19,6 +19,7 @@ import dataclasses
 import difflib
 import os
 import types
+import math
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -305,8 +306,17 @@ def _coerce(value: Any, hint: Any, key: str, source: str) -> Any:
         if isinstance(value, int) and not isinstance(value, bool):
             return value
     elif hint is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
+        number = value
+        if isinstance(value, str):
+            # YAML 1.1 (PyYAML) reads `1e-4` as a string: it wants `1.0e-4`. Nobody writes that.
+            try:
+                number = float(value)
+            except ValueError:
+                pass
+        if isinstance(number, (int, float)) and not isinstance(number, bool):
+            if not math.isfinite(number):
+                raise ConfigError(f"{source}: {key} must be a finite number, got {value!r}")
+            return float(number)
     elif hint is str:
         if isinstance(value, str):
             return value

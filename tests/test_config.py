@@ -101,6 +101,15 @@ def test_impossible_values_are_rejected(override, expected):
         load_config(overrides=[override])
 
 
+def test_floats_in_exponent_notation_are_numbers(tmp_path):
+    # PyYAML reads `1e-4` (no dot) as a string; a float key takes it as the number it means.
+    config = load_config(_write(tmp_path, "training:\n  learning_rate: 1e-4\n"), overrides=["training.weight_decay=2E-2"])
+    assert config.training.learning_rate == 1e-4 and config.training.weight_decay == 0.02
+    for value in ("nan", ".inf", "1e400"):
+        with pytest.raises(ConfigError, match="training.learning_rate must be a finite number"):
+            load_config(overrides=[f"training.learning_rate={value}"])
+
+
 def test_xla_without_graph_mode_is_refused():
     with pytest.raises(ConfigError, match="enable_graph_mode: true"):
         load_config(overrides=["training.enable_graph_mode=false", "training.enable_xla_compilation=true"])

@@ -237,6 +237,24 @@ def _checkpoint_tensors(workdir):
             if name != "save_counter" and not isinstance(value, bytes)}
 
 
+def test_a_run_of_nonfinite_losses_stops_and_keeps_the_last_good_checkpoint(demo_corpus, tmp_path):
+    good = train(_config(demo_corpus, "training.max_steps=2", "training.eval_interval=100"), tmp_path)
+    assert good.step == 2 and not good.stopped_for_nonfinite
+    saved = _checkpoint_tensors(tmp_path)
+    # Resumed with an absurd learning rate: AdamW moves every weight by about 1e30 in update 3, the
+    # forward pass then overflows, and updates 4, 5, 6 are skipped as non-finite: the guard trips.
+    messages = []
+    bad = train(_config(demo_corpus, "training.max_steps=20", "training.eval_interval=100", "training.learning_rate=1e30",
+                        "training.max_nonfinite_steps=3"), tmp_path, echo=messages.append)
+    assert bad.stopped_for_nonfinite and bad.step == 3, (bad.step, messages)
+    assert any("3 non-finite losses in a row" in m and "learning_rate" in m for m in messages), messages
+    assert any("latest checkpoint stays at step 2" in m for m in messages), messages
+    kept = _checkpoint_tensors(tmp_path)  # the state before the diverging update, loadable and finite
+    assert int(kept["optimizer/iteration"]) == 2
+    for name, value in saved.items():
+        np.testing.assert_array_equal(kept[name], value, err_msg=name)
+
+
 def test_too_few_clips_for_one_batch_is_a_clear_error(demo_corpus, tmp_path):
     # 24 short demo clips, at most 1 s each kept, in batches of 8: no batch forms.
     config = _config(demo_corpus, "data.max_duration_s=1.0", "data.min_duration_s=0.5", "data.batch_size=8",

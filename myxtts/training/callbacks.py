@@ -120,11 +120,12 @@ class ProgressLogger(keras.callbacks.Callback):
 
 class CheckpointSaver(keras.callbacks.Callback):
     """`latest` every `interval` updates, at the end, and on SIGINT/SIGTERM (then stops the run);
-    `best_text` / `best_mel` whenever validation improves."""
+    `best_text` / `best_mel` whenever validation improves. A run the `guard` (NonFiniteGuard)
+    stopped for divergence ends without saving: `latest` keeps the last state saved before it."""
 
-    def __init__(self, checkpoints, interval: int, echo=print):
+    def __init__(self, checkpoints, interval: int, echo=print, guard=None):
         super().__init__()
-        self.checkpoints, self.interval, self.echo = checkpoints, interval, echo
+        self.checkpoints, self.interval, self.echo, self.guard = checkpoints, interval, echo, guard
         self.best = {"val_text_loss": math.inf, "val_mel_loss": math.inf}
         self.interrupted_by = None
         self._previous_handlers = {}
@@ -160,7 +161,11 @@ class CheckpointSaver(keras.callbacks.Callback):
 
     def on_train_end(self, logs=None):
         step = optimizer_step(self.model)
-        if step != self._last_saved:  # a signal during the last validation still gets its message
+        if self.guard is not None and self.guard.tripped:
+            # The updates just before a run of non-finite losses are what led to it: not saved.
+            kept = f"stays at step {self._last_saved}" if self.checkpoints.latest_path() else "was never saved"
+            self.echo(f"not saving step {step}, which diverged: the latest checkpoint {kept}")
+        elif step != self._last_saved:  # a signal during the last validation still gets its message
             self._save_latest(step, f"{self.interrupted_by} received" if self.interrupted_by else "")
         for sig, handler in self._previous_handlers.items():
             signal.signal(sig, handler)
@@ -208,7 +213,7 @@ class NonFiniteGuard(keras.callbacks.Callback):
             self.tripped = True
             self.model.stop_training = True
             self.echo(
-                f"stopping: {self.max_in_a_row} non-finite losses in a row. The last good checkpoint is kept. "
+                f"stopping: {self.max_in_a_row} non-finite losses in a row. "
                 "Lower training.learning_rate, keep training.clip_norm on, or try training.precision: fp32."
             )
 

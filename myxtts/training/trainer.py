@@ -237,8 +237,8 @@ def _fit(config: Config, policy: str, strategy, workdir: Path, train_rows, val_r
         # A distributed dataset takes no further stages: no input_wait_ms with several replicas.
         train_stream = distribute.distribute_dataset(strategy, d.batch_size, host_stream)
 
-    saver = CheckpointSaver(checkpoints, t.checkpoint_interval, echo)
     guard = NonFiniteGuard(t.max_nonfinite_steps, echo)
+    saver = CheckpointSaver(checkpoints, t.checkpoint_interval, echo, guard)
     callbacks = [
         StopAtStep(t.max_steps),
         guard,
