@@ -224,7 +224,9 @@ def _check_free_running_report(run_dir, tmp_path):
     with contextlib.redirect_stdout(printed):
         assert free_running_check.main(["--run", str(run_dir), "--max-seconds", "0.5"]) == 0
     lines = printed.getvalue().splitlines()
-    assert lines and lines[-1].startswith(tuple(f"{n} of {len(lines) - 1} validation" for n in range(len(lines))))
+    sentences = len(lines) - 2  # one line each, then the content line and the length summary
+    assert sentences > 0 and lines[-1].startswith(tuple(f"{n} of {sentences} validation" for n in range(sentences + 1)))
+    assert lines[-2].startswith(tuple(f"content: {n} of {sentences} syntheses" for n in range(sentences + 1))), lines[-2]
     assert free_running_check.main(["--run", str(tmp_path / "no_such_run")]) == 2
 
 
