@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import os
 import types
-import math
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -308,7 +308,7 @@ def _coerce(value: Any, hint: Any, key: str, source: str) -> Any:
     elif hint is float:
         number = value
         if isinstance(value, str):
-            # YAML 1.1 (PyYAML) reads `1e-4` as a string: it wants `1.0e-4`. Nobody writes that.
+            # YAML 1.1 (PyYAML) reads `1e-4` as a string; it wants `1.0e-4`, which few people write.
             try:
                 number = float(value)
             except ValueError:
