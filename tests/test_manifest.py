@@ -166,6 +166,9 @@ def test_jsonl_paths_speakers_durations_and_extra_keys(tmp_path):
         ('{"audio_path": "a.wav", "text": "x", "duration": -1}', "'duration'"),
         ('{"audio_path": "a.wav", "text": "x", "duration": true}', "'duration'"),
         ('{"audio_path": "a.wav", "text": "x", "speaker": ""}', "'speaker'"),
+        ('{"audio_path": "a.wav", "text": "x", "phonemes": " "}', "'phonemes' must be a non-empty string"),
+        ('{"audio_path": "a.wav", "text": "x", "phonemes": "ɛks", "language": 1}', "'language' must be"),
+        ('{"audio_path": "a.wav", "text": "x", "language": "en-us"}', "'language' without 'phonemes'"),
     ],
 )
 def test_jsonl_errors_name_file_line_and_key(tmp_path, line, needle):
@@ -181,13 +184,16 @@ def test_write_jsonl_round_trips_non_ascii(tmp_path):
     utterances = [
         Utterance(str(tmp_path / "a.wav"), "Señor “x” — it's, \"quoted\"", "spk", 1.25),
         Utterance(str(tmp_path / "b.wav"), "plain", "spk2", None),
+        Utterance(str(tmp_path / "c.wav"), "Hello, world!", "spk2", 1.0, "həlˈoʊ, wˈɜːld!", "en-us"),
+        Utterance(str(tmp_path / "d.wav"), "by hand", "spk2", 1.0, "baɪ hænd", None),
     ]
     path = tmp_path / "out" / "manifest.jsonl"
     write_jsonl(utterances, path)
 
     raw = path.read_text(encoding="utf-8")
-    assert "Señor “x” —" in raw  # ensure_ascii=False: readable, not \\u escapes
+    assert "Señor “x” —" in raw and "həlˈoʊ" in raw  # ensure_ascii=False: readable, not \\u escapes
     assert set(json.loads(raw.splitlines()[0])) == {"audio_path", "text", "speaker", "duration"}
+    assert set(json.loads(raw.splitlines()[2])) == {"audio_path", "text", "speaker", "duration", "phonemes", "language"}
     assert read_manifest(path) == utterances
     assert read_manifest(path.parent) == utterances  # a prepared folder is a valid input too
 

@@ -7,7 +7,9 @@ Two source formats are understood:
   multi-speaker corpora; without it the speaker is the name of the folder holding
   `metadata.csv`). The audio is `<that folder>/wavs/<id>.wav`.
 * **JSONL**: one JSON object per line with `audio_path` (relative paths are relative to the
-  manifest's folder), `text`, and optionally `speaker` and `duration` (seconds).
+  manifest's folder), `text`, and optionally `speaker`, `duration` (seconds), `phonemes` (the
+  IPA string the model reads, see `phonemes.py`) and `language` (the espeak-ng code the phonemes
+  were made with; phonemes without it are used as given, whatever `data.language` says).
 
 Parsing lives in one place, `iter_manifest_rows`, which never raises for a bad row: it yields
 each row with either an `Utterance` or a `RowProblem`. `read_manifest` is the strict reader on
@@ -48,6 +50,8 @@ class Utterance:
     text: str
     speaker: str
     duration_s: float | None = None
+    phonemes: str | None = None  # what the model reads with data.text_frontend: phonemes
+    language: str | None = None  # the espeak-ng code `phonemes` were made with
 
 
 class ManifestError(ValueError):
@@ -294,7 +298,18 @@ def _parse_jsonl_line(line_bytes: bytes, base_dir: str, default_speaker: str) ->
                 audio_path,
             )
         duration = float(duration)
-    return Utterance(audio_path=audio_path, text=transcript, speaker=speaker.strip(), duration_s=duration)
+
+    optional = {}
+    for key, what in (("phonemes", "the IPA string; leave the key out to have the text phonemized"),
+                      ("language", "the espeak-ng code the phonemes were made with, e.g. en-us")):
+        value = record.get(key)
+        if value is not None and (not isinstance(value, str) or not value.strip()):
+            return RowProblem(MALFORMED_ROW, f"key '{key}' must be a non-empty string ({what}), got {value!r}", audio_path)
+        optional[key] = value
+    if optional["language"] is not None and optional["phonemes"] is None:
+        return RowProblem(MALFORMED_ROW, "key 'language' without 'phonemes': it says which language the phonemes are in; "
+                          "add the phonemes or drop the key", audio_path)
+    return Utterance(audio_path=audio_path, text=transcript, speaker=speaker.strip(), duration_s=duration, **optional)
 
 
 def _resolve_audio_path(base_dir: str, audio_value: str) -> str:
@@ -336,7 +351,8 @@ def _split_score(utterance: Utterance, seed: int) -> float:
 
 
 def write_jsonl(utterances: Sequence[Utterance], path: str | os.PathLike) -> None:
-    """Write the clean manifest format: one object per line with audio_path, text, speaker, duration.
+    """Write the clean manifest format: one object per line with audio_path, text, speaker, duration,
+    and phonemes and language for rows that have them.
 
     Written to a temporary name and renamed, so an interrupted run never leaves a half
     manifest that a later training run would read as complete.
@@ -352,5 +368,7 @@ def write_jsonl(utterances: Sequence[Utterance], path: str | os.PathLike) -> Non
                 "speaker": utterance.speaker,
                 "duration": utterance.duration_s,
             }
+            if utterance.phonemes is not None:
+                record.update(phonemes=utterance.phonemes, language=utterance.language)
             handle.write(json.dumps(record, ensure_ascii=False) + "\n")
     os.replace(temporary, path)
