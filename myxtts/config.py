@@ -40,6 +40,8 @@ class DataConfig:
     train_data: str = ""
     val_data: str = ""
     val_fraction: float = 0.05
+    text_frontend: Literal["phonemes", "characters"] = "phonemes"
+    language: str = "en-us"
     sample_rate: int = 22050
     n_fft: int = 1024
     win_length: int = 1024
@@ -353,6 +355,9 @@ def validate(config: Config) -> None:
     """Checks across fields: each message says which key to change and to what."""
     d, t = config.data, config.training
     problems = []
+    if not d.language.strip() or d.language != d.language.strip():
+        # Whether espeak-ng knows the code is checked where text is phonemized (it loads espeak-ng).
+        problems.append(f"data.language must be an espeak-ng voice or language code like en-us, fa or ko, got {d.language!r}")
     if d.sample_rate <= 0:
         problems.append(f"data.sample_rate must be positive, got {d.sample_rate}")
     if not 0 < d.win_length <= d.n_fft:
@@ -418,6 +423,20 @@ def validate(config: Config) -> None:
 
 def to_dict(config: Config) -> dict:
     return dataclasses.asdict(config)
+
+
+def load_run_config(path: str | os.PathLike) -> Config:
+    """A run's saved config.yaml, as `load_config` reads it, except that a run saved before
+    `data.text_frontend` existed gets `characters`: its vocab.txt holds characters, not phonemes."""
+    config = load_config(path)
+    config.data.text_frontend = saved_text_frontend(yaml.safe_load(Path(path).read_text(encoding="utf-8")))
+    return config
+
+
+def saved_text_frontend(saved: Any) -> str:
+    """`data.text_frontend` of a saved config (a parsed YAML mapping); characters if it predates the key."""
+    data = saved.get("data") if isinstance(saved, dict) else None
+    return data.get("text_frontend", "characters") if isinstance(data, dict) else "characters"
 
 
 def save_config(config: Config, path: str | os.PathLike) -> None:

@@ -10,8 +10,7 @@ import numpy as np
 
 from myxtts.config import load_config
 from myxtts.data.manifest import read_manifest
-from myxtts.data.pipeline import build_dataset
-from myxtts.data.text import Vocabulary
+from myxtts.data.pipeline import build_dataset, build_vocabulary
 
 REPOSITORY_ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = REPOSITORY_ROOT / "utilities" / "benchmark_pipeline.py"
@@ -30,7 +29,7 @@ def test_baseline_builds_the_same_batches_as_the_native_pipeline(demo_corpus):
     config = load_config(overrides=["data.batch_size=4", "data.deterministic=true", "data.cache_features=false",
                                     "data.num_workers=2"])
     utterances = read_manifest(demo_corpus)[:16]
-    vocabulary = Vocabulary.from_texts(u.text for u in utterances)
+    vocabulary = build_vocabulary(utterances, config.data)
     native = list(build_dataset(config, utterances, training=True, vocabulary=vocabulary).as_numpy_iterator())
     baseline = list(load_script().baseline_dataset(config, utterances, vocabulary).as_numpy_iterator())
 

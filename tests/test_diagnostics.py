@@ -10,10 +10,9 @@ import pytest
 import tensorflow as tf
 import yaml
 
-from myxtts.config import load_config
+from myxtts.config import DataConfig, load_config
 from myxtts.data.manifest import read_manifest
-from myxtts.data.pipeline import build_dataset
-from myxtts.data.text import Vocabulary
+from myxtts.data.pipeline import build_dataset, build_vocabulary
 from myxtts.diagnostics import report_schema
 from myxtts.diagnostics.bottleneck import diagnose, gpu_section
 from myxtts.diagnostics.config_patch import patched_path, write_patched_config
@@ -52,7 +51,7 @@ def float32_policy():
 @pytest.fixture(scope="module")
 def corpus(demo_corpus):
     rows = read_manifest(demo_corpus)
-    return demo_corpus, rows, Vocabulary.from_texts(u.text for u in rows)
+    return demo_corpus, rows, build_vocabulary(rows, DataConfig())
 
 
 def _user_config(tmp_path, corpus_dir):

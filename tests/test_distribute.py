@@ -141,12 +141,11 @@ def short_clips(demo_corpus, tmp_path_factory):
     """The demo corpus's 4 clips of at most 3 s as one batch (one bucket shape: one traced program),
     computed once here and handed to the children as an .npz with the vocabulary size."""
     from myxtts.data.manifest import read_manifest
-    from myxtts.data.pipeline import build_dataset
-    from myxtts.data.text import Vocabulary
+    from myxtts.data.pipeline import build_dataset, build_vocabulary
 
     config = _config()
     rows = read_manifest(demo_corpus)
-    vocabulary = Vocabulary.from_texts(u.text for u in rows)
+    vocabulary = build_vocabulary(rows, config.data)
     short = [u for u in rows if _seconds(u.audio_path) <= 3.0]  # decode only what the batch uses
     batch = next(iter(build_dataset(config, short, training=False, vocabulary=vocabulary)))
     assert batch["mel"].shape[0] == 4, "the demo corpus should have 4 clips of at most 3 s"

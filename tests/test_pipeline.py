@@ -32,6 +32,21 @@ def batches(utterances):
 def test_dataset_graph_has_no_python_ops(utterances):
     for level in ("basic", "enhanced"):
         assert find_python_ops(build_dataset(_config(level=level), utterances)) == []
+    # The characters front end normalises in the graph: still no Python there.
+    assert find_python_ops(build_dataset(_config("data.text_frontend=characters"), utterances)) == []
+
+
+def test_tokens_are_the_rows_phonemes(utterances):
+    # The demo rows carry their phonemes; each batch row is one of them, id for id, with the
+    # vocabulary's own Python encoding (so stress marks and punctuation are tokens, nothing folded).
+    from myxtts.data.pipeline import build_vocabulary
+
+    vocabulary = build_vocabulary(utterances, _config().data)
+    encoded = {tuple(vocabulary.encode(u.phonemes)) for u in utterances}
+    batches = build_dataset(_config(), utterances, training=False, vocabulary=vocabulary).as_numpy_iterator()
+    rows = [tuple(b["tokens"][i, : b["text_length"][i]].tolist()) for b in batches for i in range(len(b["tokens"]))]
+    assert len(rows) == len(utterances) and set(rows) <= encoded
+    assert {"ˈ", ",", "."} <= set(vocabulary.characters) and not set("ABCDEFGHIJKLMNOPQRSTUVWXYZ") & set(vocabulary.characters)
 
 
 def test_graph_scan_finds_a_numpy_function():

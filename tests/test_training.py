@@ -9,8 +9,7 @@ import tensorflow as tf
 
 from myxtts.config import load_config
 from myxtts.data.manifest import read_manifest
-from myxtts.data.pipeline import build_dataset
-from myxtts.data.text import Vocabulary
+from myxtts.data.pipeline import build_dataset, build_vocabulary
 from myxtts.models.xtts import network_for
 from myxtts.training.step import TrainingModel
 from myxtts.training.trainer import train
@@ -40,7 +39,7 @@ def _config(corpus, *overrides):
 def setup(demo_corpus):
     config = _config(demo_corpus)
     rows = read_manifest(demo_corpus)
-    vocabulary = Vocabulary.from_texts(u.text for u in rows)
+    vocabulary = build_vocabulary(rows, config.data)
     batch = next(iter(build_dataset(config, rows, training=False, vocabulary=vocabulary)))
     return config, vocabulary, batch
 

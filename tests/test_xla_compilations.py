@@ -15,8 +15,7 @@ from pathlib import Path
 
 from myxtts.config import load_config
 from myxtts.data.manifest import read_manifest
-from myxtts.data.pipeline import build_dataset
-from myxtts.data.text import Vocabulary
+from myxtts.data.pipeline import build_dataset, build_vocabulary
 
 ROOT = Path(__file__).resolve().parents[1]
 STEPS = 8  # more than one pass over the 24-clip corpus in batches of 4: a bucket shape comes back
@@ -44,7 +43,7 @@ def test_xla_compiles_the_train_step_once_per_bucket_shape(demo_corpus, tmp_path
     compiled = sorted(p.name for p in dump.glob("module_*one_step_on_data*.before_optimizations.txt"))
     config = load_config(overrides=[f"data.train_data={demo_corpus}", *SETTINGS])
     rows = read_manifest(demo_corpus)
-    vocabulary = Vocabulary.from_texts(u.text for u in rows)
+    vocabulary = build_vocabulary(rows, config.data)
     epoch = build_dataset(config, rows, training=True, vocabulary=vocabulary)  # as trained: no partial batches
     shapes = {tuple(b["mel"].shape) for b in epoch}
     assert len(shapes) == 2, shapes  # the corpus fills both buckets, so a per-batch compile would show

@@ -206,8 +206,7 @@ def run_worker(job: dict) -> int:
 
     from myxtts.config import load_config
     from myxtts.data.manifest import read_manifest
-    from myxtts.data.pipeline import build_dataset
-    from myxtts.data.text import Vocabulary
+    from myxtts.data.pipeline import build_dataset, build_vocabulary
 
     measurement = job["measurement"]
     config = load_config(job["config"], overrides=[
@@ -217,7 +216,7 @@ def run_worker(job: dict) -> int:
         f"data.batch_size={job['batch_size']}",
     ])
     utterances = read_manifest(job["corpus"])[: job["limit"]]
-    vocabulary = Vocabulary.from_texts(u.text for u in utterances)
+    vocabulary = build_vocabulary(utterances, config.data)
     if measurement == "baseline":
         dataset = baseline_dataset(config, utterances, vocabulary)
     else:
@@ -297,11 +296,13 @@ def baseline_dataset(config, utterances, vocabulary):
     import tensorflow as tf
 
     from myxtts.data import pipeline
-    from myxtts.data.text import BOS_ID, EOS_ID, SPECIAL_TOKENS, UNK_ID, TEXT_REPLACEMENTS
+    from myxtts.data.phonemes import model_texts, phonemize_utterances
+    from myxtts.data.text import TEXT_REPLACEMENTS
 
     c = config.data
+    if c.text_frontend == "phonemes":  # in Python before the graph, as the native pipeline does
+        utterances = phonemize_utterances(utterances, c.language)
     parallel_calls = c.num_workers or tf.data.AUTOTUNE
-    token_ids = {character: index for index, character in enumerate(vocabulary.tokens) if index >= len(SPECIAL_TOKENS)}
     replacements = [(re.compile(pattern), replacement) for pattern, replacement in TEXT_REPLACEMENTS]
     mel_options = dict(
         sr=c.sample_rate, n_fft=c.n_fft, hop_length=c.hop_length, win_length=c.win_length, window="hann",
@@ -325,12 +326,14 @@ def baseline_dataset(config, utterances, vocabulary):
         return np.log(np.maximum(mel, c.log_floor)).T.astype(np.float32)  # [frames, n_mels]
 
     def decode(path: bytes, text: bytes):
-        # Same normalisation as myxtts.data.text.normalize_text, in Python.
-        normalized = text.decode("utf-8").lower()
-        for pattern, replacement in replacements:
-            normalized = pattern.sub(replacement, normalized)
-        ids = [BOS_ID] + [token_ids.get(ch, UNK_ID) for ch in normalized.strip()] + [EOS_ID]
-        return load(path), np.asarray(ids, np.int32)
+        model_text = text.decode("utf-8")
+        if c.text_frontend == "characters":
+            # Same normalisation as myxtts.data.text.normalize_text, in Python.
+            model_text = model_text.lower()
+            for pattern, replacement in replacements:
+                model_text = pattern.sub(replacement, model_text)
+            model_text = model_text.strip()
+        return load(path), np.asarray(vocabulary.encode(model_text), np.int32)
 
     def features(samples: np.ndarray, reference_path: bytes):
         # As a librosa user would: load the whole file, keep the middle, normalise that (the
@@ -361,7 +364,7 @@ def baseline_dataset(config, utterances, vocabulary):
     ds = tf.data.Dataset.from_tensor_slices({
         "audio_path": [u.audio_path for u in utterances],
         "reference_path": pipeline.assign_references(utterances, config.seed),
-        "text": [u.text for u in utterances],
+        "text": model_texts(utterances, c.text_frontend),
     })
     ds = ds.shuffle(len(utterances), seed=config.seed, reshuffle_each_iteration=True)
     ds = ds.map(decode_row, num_parallel_calls=parallel_calls)

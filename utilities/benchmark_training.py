@@ -33,8 +33,7 @@ def measure(corpus: str, size: str, mode: str, precision: str, batch_size: int, 
 
     from myxtts.config import load_config
     from myxtts.data.manifest import read_manifest
-    from myxtts.data.pipeline import build_dataset
-    from myxtts.data.text import Vocabulary
+    from myxtts.data.pipeline import build_dataset, build_vocabulary
     from myxtts.models.xtts import network_for
     from myxtts.training.step import TrainingModel
 
@@ -42,7 +41,7 @@ def measure(corpus: str, size: str, mode: str, precision: str, batch_size: int, 
     keras.utils.set_random_seed(0)
     config = load_config(overrides=[f"data.batch_size={batch_size}", "data.deterministic=true", f"model.size={size}"])
     rows = read_manifest(corpus)
-    vocabulary = Vocabulary.from_texts(u.text for u in rows)
+    vocabulary = build_vocabulary(rows, config.data)
     dataset = build_dataset(config, rows, training=True, vocabulary=vocabulary)
     batch = next(iter(dataset))  # one real batch, reused: this measures compute, not input
     d = config.data

@@ -1,20 +1,22 @@
 """From a manifest to padded, bucketed, prefetched batches, built only from TensorFlow ops.
 
-    paths + transcripts -> read_file -> decode_wav -> resample (if the file's rate differs)
+    paths + model texts -> read_file -> decode_wav -> resample (if the file's rate differs)
       -> peak-normalise -> tokenise -> length filter -> log-mel (+ reference clip of the same voice)
       -> cache -> shuffle -> bucket by length, pad to the bucket's size -> prefetch (to the GPU)
 
 Nothing in the hot path calls back into Python (tests/test_pipeline.py scans the dataset graph for
 PyFunc ops), so the input pipeline scales with cores instead of queueing on the GIL. Batches are
 padded to bucket boundaries, not to the longest clip in the batch, so a compiled train step sees
-one shape per bucket.
+one shape per bucket. The model texts are the rows' phonemes (`data.text_frontend: phonemes`, made
+in Python before the graph: by dataset preparation, the demo corpus or `phonemize_utterances`) or
+their transcripts; the graph only splits them into characters and looks those up.
 
 A batch is a dict:
     mel              float32 [batch, frames, n_mels]   log-mel, padded with log(data.log_floor)
                      (with data.mel_on_device: `audio` float32 [batch, (frames - 1) * hop] instead,
                      zero-padded, which `mel_from_audio` turns into `mel` inside the compiled step)
     mel_length       int32   [batch]                   true frame counts (mask with these)
-    tokens           int32   [batch, text_length]      BOS text EOS, padded with PAD_ID
+    tokens           int32   [batch, text_length]      BOS model-text EOS, padded with PAD_ID
     text_length      int32   [batch]
     reference_mel    float32 [batch, ref_frames, n_mels]  another clip of the same speaker
     reference_length int32   [batch]
@@ -35,6 +37,7 @@ import tensorflow as tf
 from myxtts.config import Config, DataConfig
 from myxtts.data import audio
 from myxtts.data.manifest import Utterance, read_manifest
+from myxtts.data.phonemes import model_texts, phonemize_utterances
 from myxtts.data.text import PAD_ID, Vocabulary, tokenize
 from myxtts.hardware.host import usable_cores, usable_ram_bytes
 
@@ -77,15 +80,20 @@ def build_dataset(
     """Batches for training (shuffled, fixed batch size) or evaluation (in order, last batch kept).
 
     `manifest` is an LJSpeech folder or metadata.csv, a JSONL manifest, or a list of `Utterance`.
-    `vocabulary` defaults to one built from these transcripts; pass the training vocabulary when
-    building a validation set. `gpu_copy=False` leaves out the copy to the GPU (`data.prefetch_to_gpu`),
+    `vocabulary` defaults to one built from these rows' model texts; pass the training vocabulary
+    when building a validation set. With `data.text_frontend: phonemes`, rows without phonemes for
+    `data.language` are phonemized here first, in Python (the trainer does it before, with a cache).
+    `gpu_copy=False` leaves out the copy to the GPU (`data.prefetch_to_gpu`),
     for a caller that adds stages of its own and then `to_device(dataset, config.data)` last.
     """
     c = config.data
     utterances = read_manifest(manifest) if isinstance(manifest, (str, os.PathLike)) else list(manifest)
     if not utterances:
         raise ValueError(f"no utterances in {manifest if isinstance(manifest, (str, os.PathLike)) else 'the given list'}")
-    vocabulary = vocabulary or Vocabulary.from_texts(u.text for u in utterances)
+    if c.text_frontend == "phonemes":
+        utterances = phonemize_utterances(utterances, c.language, progress=True)
+    texts = model_texts(utterances, c.text_frontend)
+    vocabulary = vocabulary or Vocabulary.from_texts(texts, frontend=c.text_frontend)
     batch_size = c.batch_size or DEFAULT_BATCH_SIZE
     parallel_calls = c.num_workers or tf.data.AUTOTUNE
 
@@ -93,7 +101,7 @@ def build_dataset(
         {
             "audio_path": [u.audio_path for u in utterances],
             "reference_path": assign_references(utterances, config.seed),
-            "text": [u.text for u in utterances],
+            "text": texts,
         }
     )
     cache = bool(c.cache_features)
@@ -106,7 +114,7 @@ def build_dataset(
     ds = ds.filter(lambda ex: within_limits(ex, c))
     ds = ds.map(lambda ex: _features(ex, c), num_parallel_calls=parallel_calls)
     if cache:
-        ds = ds.cache(_cache_path(c, utterances, vocabulary, training))
+        ds = ds.cache(_cache_path(c, utterances, texts, vocabulary, training))
         if training:
             ds = ds.shuffle(min(c.shuffle_buffer_size or len(utterances), len(utterances)), seed=config.seed)
     ds = batch_by_bucket(ds, c, batch_size, drop_remainder=training)
@@ -114,12 +122,19 @@ def build_dataset(
     return to_device(ds, c) if gpu_copy else ds
 
 
+def build_vocabulary(utterances: list[Utterance], c: DataConfig) -> Vocabulary:
+    """The vocabulary `build_dataset` makes of these rows by default (phonemized first if needed)."""
+    if c.text_frontend == "phonemes":
+        utterances = phonemize_utterances(utterances, c.language, progress=True)
+    return Vocabulary.from_texts(model_texts(utterances, c.text_frontend), frontend=c.text_frontend)
+
+
 def _decode(row, c: DataConfig, table) -> dict:
     samples, rate = audio.load_wav(row["audio_path"])
     samples = audio.resample_to(samples, rate, c.sample_rate, source=row["audio_path"])
     if c.trim_silence_db > 0:
         samples = audio.trim_silence(samples, c.trim_silence_db)
-    tokens = tokenize(row["text"], table)
+    tokens = tokenize(row["text"], table, frontend=c.text_frontend)
     return {
         "samples": audio.peak_normalize(samples, c.peak_normalize),
         "tokens": tokens,
@@ -231,7 +246,7 @@ def batch_by_bucket(ds: tf.data.Dataset, c: DataConfig, batch_size: int, drop_re
     )
 
 
-def _cache_path(c: DataConfig, utterances, vocabulary: Vocabulary, training: bool) -> str:
+def _cache_path(c: DataConfig, utterances, texts, vocabulary: Vocabulary, training: bool) -> str:
     """In memory when `data.cache_dir` is empty; else a file named after everything that shapes the
     features, so changing the corpus or a feature setting never reads a stale cache."""
     if not c.cache_dir:
@@ -242,7 +257,7 @@ def _cache_path(c: DataConfig, utterances, vocabulary: Vocabulary, training: boo
         if k not in {"batch_size", "num_workers", "prefetch_buffer_size", "prefetch_to_gpu", "cache_dir", "bucketing",
                      "shuffle_buffer_size", "deterministic", "train_data", "val_data", "val_fraction"}
     }
-    key = json.dumps([feature_keys, [(u.audio_path, u.text, u.speaker) for u in utterances], vocabulary.tokens])
+    key = json.dumps([feature_keys, [(u.audio_path, text, u.speaker) for u, text in zip(utterances, texts)], vocabulary.tokens])
     digest = hashlib.sha256(key.encode("utf-8")).hexdigest()[:16]
     Path(c.cache_dir).mkdir(parents=True, exist_ok=True)
     return str(Path(c.cache_dir) / f"{'train' if training else 'eval'}-{digest}")

@@ -1,6 +1,11 @@
-"""Text normalisation and character tokenisation in TensorFlow ops (tf.strings + tf.lookup).
+"""Tokenisation in TensorFlow ops (tf.strings + tf.lookup): one token per character of the model text.
 
-The vocabulary is built once from the training transcripts (normalised by the same graph function
+The model text is what `data.text_frontend` makes of a transcript: with `phonemes` (the default)
+its IPA string from `phonemes.py`, made once in Python and read here as it is (stress marks,
+punctuation and case are meaning, so nothing is folded); with `characters` the transcript itself,
+normalised here (lower case, one spelling of quotes and dashes).
+
+The vocabulary is built once from the training set's model texts (through the same graph function
 that runs in the pipeline, so the two can never disagree) and saved with the run; synthesis loads
 that file, so a checkpoint always tokenises text the way it was trained.
 """
@@ -12,6 +17,7 @@ from pathlib import Path
 
 import tensorflow as tf
 
+TEXT_FRONTENDS = ("phonemes", "characters")
 PAD, UNK, BOS, EOS = "<pad>", "<unk>", "<bos>", "<eos>"
 SPECIAL_TOKENS = (PAD, UNK, BOS, EOS)
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = range(4)
@@ -34,6 +40,15 @@ def normalize_text(text) -> tf.Tensor:
     return tf.strings.strip(text)
 
 
+def model_text_tensor(text, frontend: str) -> tf.Tensor:
+    """The string tokens are cut from: normalised characters, or the phoneme string untouched."""
+    if frontend == "characters":
+        return normalize_text(text)
+    if frontend == "phonemes":
+        return tf.convert_to_tensor(text, tf.string)
+    raise ValueError(f"data.text_frontend must be one of {', '.join(TEXT_FRONTENDS)}, got {frontend!r}")
+
+
 class Vocabulary:
     """Characters <-> ids; ids 0-3 are the special tokens pad, unk, bos, eos."""
 
@@ -45,13 +60,12 @@ class Vocabulary:
         return len(self.tokens)
 
     @classmethod
-    def from_texts(cls, texts) -> "Vocabulary":
-        """Every character that occurs in the normalised transcripts, sorted."""
+    def from_texts(cls, texts, *, frontend: str) -> "Vocabulary":
+        """Every character that occurs in the model texts (`phonemes.model_texts`), sorted."""
         texts = list(texts)
         if not texts:
             raise ValueError("cannot build a vocabulary from no transcripts")
-        normalized = normalize_text(tf.constant(texts))
-        characters = tf.strings.unicode_split(normalized, "UTF-8").flat_values
+        characters = tf.strings.unicode_split(model_text_tensor(tf.constant(texts), frontend), "UTF-8").flat_values
         unique = sorted({c.decode("utf-8") for c in tf.unique(characters).y.numpy()})
         return cls(unique)
 
@@ -77,9 +91,15 @@ class Vocabulary:
     def decode(self, ids) -> str:
         return "".join(self.tokens[i] for i in ids if i >= len(SPECIAL_TOKENS))
 
+    def encode(self, model_text: str) -> list[int]:
+        """The ids `tokenize` gives, computed in Python, for a string that needs no normalising
+        (a phoneme string, or characters already normalised)."""
+        index = {character: i for i, character in enumerate(self.tokens) if i >= len(SPECIAL_TOKENS)}
+        return [BOS_ID] + [index.get(character, UNK_ID) for character in model_text] + [EOS_ID]
 
-def tokenize(text, table: tf.lookup.StaticHashTable) -> tf.Tensor:
-    """One transcript (scalar string) -> int32 ids [length] framed by BOS and EOS."""
-    characters = tf.strings.unicode_split(normalize_text(text), "UTF-8")
+
+def tokenize(text, table: tf.lookup.StaticHashTable, *, frontend: str) -> tf.Tensor:
+    """One model text (scalar string) -> int32 ids [length] framed by BOS and EOS."""
+    characters = tf.strings.unicode_split(model_text_tensor(text, frontend), "UTF-8")
     ids = table.lookup(characters)
     return tf.concat([[BOS_ID], ids, [EOS_ID]], axis=0)

@@ -18,7 +18,7 @@ import tensorflow as tf
 
 from myxtts.config import Config
 from myxtts.data.manifest import Utterance
-from myxtts.data.pipeline import build_dataset
+from myxtts.data.pipeline import build_dataset, build_vocabulary
 from myxtts.data.text import Vocabulary
 from myxtts.diagnostics.timing import CompiledStep
 from myxtts.training.step import TrainingModel
@@ -38,7 +38,7 @@ def prepare_run(config: Config, echo=print) -> PreparedRun:
     """Everything `train()` does before building the model, minus writing to a run folder."""
     config, policy = resolve_hardware(config, echo)
     rows, _ = load_splits(config)
-    vocabulary = Vocabulary.from_texts(u.text for u in rows)
+    vocabulary = build_vocabulary(rows, config.data)
     dataset = build_dataset(config, rows, training=True, vocabulary=vocabulary)
     return PreparedRun(config=config, policy=policy, rows=rows, vocabulary=vocabulary, dataset=dataset)
 
