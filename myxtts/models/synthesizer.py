@@ -1,8 +1,8 @@
 """From a trained run to audio: load config, vocabulary and checkpoint; text + reference -> WAV.
 
 Used by utilities/synthesize.py and by the trainer's validation samples. Features and tokens go
-through the same functions as training (`reference_log_mel`, `tokenize`), so inference sees exactly
-what the model was trained on.
+through the same functions as training (`phonemes.model_text` with the run's data.text_frontend and
+data.language, `reference_log_mel`, `tokenize`), so inference sees exactly what the model was trained on.
 """
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ from pathlib import Path
 
 import tensorflow as tf
 
-from myxtts.config import Config, load_config
+from myxtts.config import Config, load_run_config
+from myxtts.data.phonemes import model_text
 from myxtts.data.pipeline import reference_log_mel
 from myxtts.data.text import Vocabulary, tokenize
 from myxtts.models.griffin_lim import log_mel_to_audio, write_wav
@@ -35,7 +36,7 @@ class Synthesizer:
         run_dir = Path(run_dir)
         if not (run_dir / "config.yaml").exists():
             raise FileNotFoundError(f"{run_dir} is not a MyXTTS run folder (no config.yaml); pass the --output-dir of a training run")
-        config = load_config(run_dir / "config.yaml")
+        config = load_run_config(run_dir / "config.yaml")
         vocabulary = Vocabulary.load(run_dir / "vocab.txt")
         network = network_for(config, len(vocabulary))
         network.build()
@@ -61,7 +62,10 @@ class Synthesizer:
         if not text or not text.strip():
             raise ValueError("the text to synthesize is empty")
         d = self.config.data
-        tokens = tokenize(tf.constant(text), self._table)
+        text_for_model = model_text(text, d.text_frontend, d.language)
+        if not text_for_model.strip():
+            raise ValueError(f"espeak-ng ({d.language}) makes no phonemes of {text!r}; write it in words of data.language")
+        tokens = tokenize(tf.constant(text_for_model), self._table, frontend=d.text_frontend)
         limit = d.bucket_text_lengths[-1]
         if int(tf.shape(tokens)[0]) > limit:
             raise ValueError(f"text too long: {int(tf.shape(tokens)[0])} tokens, the model takes at most {limit}; split it into sentences")

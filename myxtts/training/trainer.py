@@ -23,6 +23,7 @@ import yaml
 from myxtts import config as config_lib
 from myxtts.config import Config
 from myxtts.data.manifest import read_manifest, split_train_val
+from myxtts.data.phonemes import check_language, model_texts, phonemize_utterances
 from myxtts.data.pipeline import build_dataset, copies_to_gpu, to_device
 from myxtts.data.text import Vocabulary
 from myxtts.hardware.detect import detect_machine
@@ -114,6 +115,8 @@ def train(config: Config, workdir: str | Path, *, resume: str = "auto", epochs: 
         echo(f"--reset-training: removed {workdir / 'checkpoints'}")
     workdir.mkdir(parents=True, exist_ok=True)
 
+    if config.data.text_frontend == "phonemes":
+        check_language(config.data.language)  # a typo fails here, not after the hardware probe
     allow_memory_growth(echo)
     automatic_batch = config.data.batch_size == 0
     config, policy, plan = resolve_plan(config, echo)
@@ -137,10 +140,7 @@ def train(config: Config, workdir: str | Path, *, resume: str = "auto", epochs: 
         steps = math.ceil(epochs * len(train_rows) / (distribute.global_batch_size(d.batch_size, strategy)
                                                       * max(t.gradient_accumulation_steps, 1)))
         config = dataclasses.replace(config, training=dataclasses.replace(t, max_steps=max(steps, 1)))
-    vocab_path = workdir / "vocab.txt"
-    # The vocabulary of a run is fixed at its start; a resumed run must tokenise the same way.
-    vocabulary = Vocabulary.load(vocab_path) if vocab_path.exists() else Vocabulary.from_texts(u.text for u in train_rows)
-    vocabulary.save(vocab_path)
+    train_rows, val_rows, vocabulary = prepare_text(config, workdir, train_rows, val_rows, rebuild_vocabulary=resume == "reset")
     echo(f"data: {len(train_rows)} training and {len(val_rows)} validation clips, vocabulary of {len(vocabulary)} tokens")
 
     strict_restore = True
@@ -166,6 +166,46 @@ def train(config: Config, workdir: str | Path, *, resume: str = "auto", epochs: 
             )
             resume = "auto"
             strict_restore = False  # the optimizer now has accumulators the checkpoint lacks
+
+
+def prepare_text(config: Config, workdir: Path, train_rows, val_rows, *, rebuild_vocabulary: bool = False):
+    """The rows with their model texts ready, and the run's vocabulary (workdir/vocab.txt).
+
+    With `data.text_frontend: phonemes`, rows without phonemes (a raw LJSpeech folder) are phonemized
+    here, once, before any graph is built, and cached in workdir/phonemes.json for a resumed run.
+    The vocabulary of a run is fixed at its start, since a resumed run must tokenise the same way;
+    `rebuild_vocabulary` (--reset-training) builds it again from the training rows.
+    """
+    d = config.data
+    if d.text_frontend == "phonemes":
+        rows = phonemize_utterances(train_rows + val_rows, d.language, cache_path=workdir / "phonemes.json", progress=True)
+        train_rows, val_rows = rows[: len(train_rows)], rows[len(train_rows) :]
+    vocab_path = workdir / "vocab.txt"
+    if vocab_path.exists() and not rebuild_vocabulary:
+        _check_same_text_frontend(workdir, d)
+        vocabulary = Vocabulary.load(vocab_path)
+    else:
+        vocabulary = Vocabulary.from_texts(model_texts(train_rows, d.text_frontend), frontend=d.text_frontend)
+    vocabulary.save(vocab_path)
+    return train_rows, val_rows, vocabulary
+
+
+def _check_same_text_frontend(workdir: Path, d) -> None:
+    """A run's vocab.txt holds the tokens of the front end it started with; a resumed run that read
+    text another way would look every token up wrong without any error."""
+    saved_path = workdir / "config.yaml"
+    if not saved_path.exists():
+        return
+    saved = yaml.safe_load(saved_path.read_text(encoding="utf-8"))
+    saved_data = saved.get("data") if isinstance(saved, dict) and isinstance(saved.get("data"), dict) else {}
+    before = (config_lib.saved_text_frontend(saved), saved_data.get("language", d.language))
+    now = (d.text_frontend, d.language)
+    if before[0] != now[0] or (now[0] == "phonemes" and before[1] != now[1]):
+        raise ValueError(
+            f"{workdir} was started with data.text_frontend={before[0]}, data.language={before[1]} and its "
+            f"vocab.txt holds those tokens; this run asks for {now[0]}, {now[1]}: pass --reset-training "
+            "(starts over), another --output-dir, or the run's own settings"
+        )
 
 
 def allow_memory_growth(echo=console_echo) -> None:
