@@ -340,3 +340,30 @@ def test_demo_corpus_is_used_in_place(demo_corpus, tmp_path):
         (u.audio_path, u.text, u.speaker) for u in read_manifest(demo_corpus)
     ]
     assert len({u.speaker for u in prepared}) > 1  # the 4th metadata field, not the folder name
+
+
+def test_cli_phonemizes_in_the_configured_language_and_rejects_texts_without_phonemes(tmp_path, capsys):
+    cli = load_cli()
+    corpus = build_corpus(tmp_path / "c", ["a|Hello, world!|Hello, world!", "b|...|...", "c|سلام، خوبم.|سلام، خوبم."])
+    for name in "abc":
+        write_wav(corpus / "wavs" / f"{name}.wav", 1.0)
+
+    assert cli.main(["--input", str(corpus), "--output", str(tmp_path / "en"), "--workers", "1", "--quiet"]) == 0
+    kept = read_manifest(tmp_path / "en")
+    assert [(u.text, u.phonemes, u.language) for u in kept][0] == ("Hello, world!", "həlˈoʊ, wˈɜːld!", "en-us")
+    assert read_rejections(tmp_path / "en" / "rejected.tsv")[2][1] == "no_phonemes"  # "..." says nothing
+
+    assert cli.main(["--input", str(corpus), "--output", str(tmp_path / "fa"), "--language", "fa",
+                     "--workers", "1", "--quiet"]) == 0
+    persian = read_manifest(tmp_path / "fa")[-1]
+    assert (persian.phonemes, persian.language) == ("salˈɑm, xˈuːbam.", "fa")
+
+    assert cli.main(["--input", str(corpus), "--output", str(tmp_path / "chars"), "--text-frontend", "characters",
+                     "--workers", "1", "--quiet"]) == 0
+    assert all(u.phonemes is None for u in read_manifest(tmp_path / "chars"))
+    assert '"phonemes"' not in (tmp_path / "chars" / "manifest.jsonl").read_text(encoding="utf-8")
+
+    capsys.readouterr()
+    assert cli.main(["--input", str(corpus), "--output", str(tmp_path / "x"), "--language", "xx-yy", "--quiet"]) == 2
+    assert "--language: 'xx-yy' is not an espeak-ng voice or language code" in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()  # refused before any work

@@ -10,6 +10,9 @@ or stalling mid-epoch:
 * files that already fit (16-bit PCM mono WAV at the target rate) are referenced in place,
   everything else (FLAC, OGG, MP3, 24-bit or float WAV, stereo, other rates) is converted
   with soundfile + soxr into `out_dir/audio/`, and the originals are never touched;
+* with `phoneme_language`, every kept row's text is phonemized once (`phonemes.py`, the model's
+  text front end), so the manifest carries `phonemes` next to `text` and training does not
+  phonemize; a text that gives no phonemes is rejected as `no_phonemes`;
 * the result is `out_dir/manifest.jsonl`, with measured durations, readable by
   `myxtts.data.manifest.read_manifest`.
 
@@ -22,6 +25,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import dataclasses
 import hashlib
 import multiprocessing
 import os
@@ -34,6 +38,7 @@ import soundfile
 import soxr
 
 from myxtts.data.manifest import Utterance, iter_manifest_rows, write_jsonl
+from myxtts.data.phonemes import check_language, needs_phonemes, phonemize
 from myxtts.data.wav_header import (
     CORRUPT,
     MISSING_FILE,
@@ -49,6 +54,8 @@ from myxtts.data.wav_header import (
 from myxtts.hardware.host import usable_cores
 from myxtts.progress import ProgressLine
 
+# Reason code for a row whose text gives no phonemes in the chosen language.
+NO_PHONEMES = "no_phonemes"
 # Lossy formats (MP3 without a Xing/LAME header) only estimate their frame count, so a small
 # shortfall after decoding is not truncation; a real cut-off loses far more than this.
 _FRAME_COUNT_TOLERANCE = 0.01
@@ -255,12 +262,16 @@ def prepare_dataset(
     max_duration_s: float = 12.0,
     workers: int = 0,
     progress: bool = True,
+    phoneme_language: str | None = None,
 ) -> PrepareReport:
     """Check every row of `source` once and write `out_dir/manifest.jsonl` and `rejected.tsv`.
 
     `workers=0` uses every usable core. With `progress`, a progress line goes to stderr and
-    the summary to stdout. Raises FileNotFoundError / ManifestError only for whole-input
-    problems; bad rows and files become rejections.
+    the summary to stdout. `phoneme_language` (an espeak-ng code, `data.language`) adds each
+    row's phonemes, unless it already has phonemes of that language or of none named; None
+    keeps rows as they are. Raises FileNotFoundError / ManifestError only for whole-input
+    problems, UnknownLanguage for a language espeak-ng does not know; bad rows and files
+    become rejections.
     """
     if sample_rate <= 0:
         raise ValueError(f"sample_rate must be positive, got {sample_rate}")
@@ -270,6 +281,8 @@ def prepare_dataset(
         )
     if workers < 0:
         raise ValueError(f"workers must be >= 0 (0 = all usable cores), got {workers}")
+    if phoneme_language is not None:
+        check_language(phoneme_language)  # before minutes of audio checks
     started = time.monotonic()
     out_dir = os.path.abspath(os.fspath(out_dir))
     rows = list(iter_manifest_rows(source))
@@ -294,6 +307,7 @@ def prepare_dataset(
     outcomes, worker_count = _run_jobs(jobs, worker_count, progress)
 
     kept: list[Utterance] = []
+    kept_lines: list[int] = []
     actions = collections.Counter()
     for outcome in sorted(outcomes, key=lambda o: o.index):
         utterance = utterances[outcome.index]
@@ -301,7 +315,10 @@ def prepare_dataset(
         if outcome.action == "rejected":
             rejections.append(Rejection(lines[outcome.index], outcome.audio_path, outcome.reason, outcome.detail))
         else:
-            kept.append(Utterance(outcome.audio_path, utterance.text, utterance.speaker, outcome.duration_s))
+            kept.append(dataclasses.replace(utterance, audio_path=outcome.audio_path, duration_s=outcome.duration_s))
+            kept_lines.append(lines[outcome.index])
+    if phoneme_language is not None:
+        kept = _add_phonemes(kept, kept_lines, phoneme_language, rejections, progress)
     rejections.sort(key=lambda r: r.line)
 
     os.makedirs(out_dir, exist_ok=True)
@@ -325,6 +342,30 @@ def prepare_dataset(
     if progress:
         print(report.summary(), flush=True)
     return report
+
+
+def _add_phonemes(kept: list[Utterance], lines: list[int], language: str, rejections: list[Rejection],
+                  show_progress: bool) -> list[Utterance]:
+    """`kept` with phonemes in `language`; rows whose text gives none move to `rejections`."""
+    to_do = [u for u in kept if needs_phonemes(u, language)]
+    texts = sorted({u.text for u in to_do})
+    line = ProgressLine(f"phonemizing ({language})", len(texts), "texts", enabled=show_progress)
+    phonemes = {}
+    for done, text in enumerate(texts, start=1):
+        phonemes[text] = phonemize(text, language)
+        line.update(done)
+    line.close()
+    result = []
+    for utterance, line_number in zip(kept, lines):
+        if needs_phonemes(utterance, language):
+            if not phonemes[utterance.text]:
+                rejections.append(Rejection(line_number, utterance.audio_path, NO_PHONEMES,
+                                            f"espeak-ng ({language}) makes no phonemes of the text; check --language "
+                                            "(data.language) or write the text in words"))
+                continue
+            utterance = dataclasses.replace(utterance, phonemes=phonemes[utterance.text], language=language)
+        result.append(utterance)
+    return result
 
 
 def _plan_converted_paths(audio_paths: list[str], source_root: str, out_dir: str) -> list[str]:
