@@ -1,7 +1,8 @@
 """Tests for the sentence generator and the espeak-ng demo corpus builder.
 
 The corpus tests synthesize a dozen utterances for real (about a second per build), since
-what they guard, byte-identical audio and the WAV format, only shows in real renderings.
+what they guard, byte-identical audio, the WAV format and the phoneme timings, only shows in
+real renderings.
 """
 
 import json
@@ -14,21 +15,24 @@ import pytest
 import soundfile
 
 from myxtts.data.demo_corpus import (
+    MANIFEST_FILENAME,
     MAX_DURATION_S,
-    METADATA_FILENAME,
     MIN_DURATION_S,
     SAMPLE_RATE,
     STAMP_FILENAME,
     make_demo_corpus,
     total_audio_seconds,
 )
+from myxtts.data.manifest import read_manifest
+from myxtts.data.phoneme_timing import phoneme_frames, read_timing, timing_path
+from myxtts.data.phonemes import phonemize
 from myxtts.data.sentences import generate_sentences, number_to_words, ordinal_to_words, year_to_words
 
 NUM_UTTERANCES = 12
 
 
-def _read_metadata(corpus_dir: Path) -> list[list[str]]:
-    return [line.split("|") for line in (corpus_dir / METADATA_FILENAME).read_text(encoding="utf-8").splitlines()]
+def _read_rows(corpus_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (corpus_dir / MANIFEST_FILENAME).read_text(encoding="utf-8").splitlines()]
 
 
 def _file_bytes(corpus_dir: Path) -> dict[str, bytes]:
@@ -75,24 +79,30 @@ def test_sentence_generator_is_deterministic_digit_free_and_varied():
 
 
 def test_corpus_layout_audio_format_and_text(corpus):
-    rows = _read_metadata(corpus)
+    rows = _read_rows(corpus)
     assert len(rows) == NUM_UTTERANCES
-    assert all(len(row) == 4 for row in rows), rows
-    assert [row[0] for row in rows] == [f"demo_{index:04d}" for index in range(1, NUM_UTTERANCES + 1)]
-    assert sorted(path.stem for path in (corpus / "wavs").iterdir()) == [row[0] for row in rows]
-    speakers = {row[3] for row in rows}
+    assert all(set(row) == {"audio_path", "text", "speaker", "duration", "phonemes", "language"} for row in rows), rows
+    ids = [f"demo_{index:04d}" for index in range(1, NUM_UTTERANCES + 1)]
+    assert [row["audio_path"] for row in rows] == [f"wavs/{i}.wav" for i in ids]  # relative: the folder can move
+    assert sorted(path.name for path in (corpus / "wavs").iterdir()) == sorted(
+        [f"{i}.wav" for i in ids] + [f"{i}.timing.json" for i in ids])
+    assert not (corpus / "metadata.csv").exists()
+    speakers = {row["speaker"] for row in rows}
     assert len(speakers) >= 4 and all(re.fullmatch(r"spk_[a-z0-9_-]+", speaker) for speaker in speakers)
-    texts = [row[1] for row in rows]
-    assert all(row[1] == row[2] and row[1].strip() for row in rows)
+    texts = [row["text"] for row in rows]
+    assert all(text.strip() for text in texts)
     assert not re.search(r"\d", "".join(texts))
     assert "," in "".join(texts) and re.search(r"[?!]", "".join(texts))
+    # The phonemes are the front end's, for the corpus's language: what training and synthesis use.
+    assert all(row["language"] == "en-us" and row["phonemes"] == phonemize(row["text"], "en-us") for row in rows)
 
     total = 0.0
     for row in rows:
-        wav_path = corpus / "wavs" / f"{row[0]}.wav"
+        wav_path = corpus / row["audio_path"]
         info = soundfile.info(wav_path)
         assert (info.samplerate, info.channels, info.subtype) == (SAMPLE_RATE, 1, "PCM_16"), wav_path
         assert MIN_DURATION_S <= info.duration <= MAX_DURATION_S, (wav_path, info.duration)
+        assert row["duration"] == pytest.approx(info.duration)
         samples, _ = soundfile.read(wav_path, dtype="int16")
         assert np.abs(samples).max() > 1000, f"{wav_path} is (nearly) silent"
         total += info.duration
@@ -100,6 +110,44 @@ def test_corpus_layout_audio_format_and_text(corpus):
     stamp = json.loads((corpus / STAMP_FILENAME).read_text())
     assert (stamp["num_utterances"], stamp["seed"]) == (NUM_UTTERANCES, 0)
     assert stamp["total_seconds"] == pytest.approx(total, abs=1e-3)
+
+
+def test_the_folder_reads_as_a_manifest_with_phonemes(corpus):
+    utterances = read_manifest(corpus)
+    assert len(utterances) == NUM_UTTERANCES
+    assert all(Path(u.audio_path).is_absolute() and Path(u.audio_path).is_file() for u in utterances)
+    assert all(u.phonemes and u.language == "en-us" and "ˈ" in u.phonemes for u in utterances)
+
+
+def test_timing_frames_sum_to_each_clip_and_name_what_was_said(corpus):
+    for row in _read_rows(corpus):
+        wav_path = corpus / row["audio_path"]
+        record = json.loads(timing_path(wav_path).read_text(encoding="utf-8"))
+        num_samples = soundfile.info(wav_path).frames
+        assert record["num_samples"] == num_samples and record["sample_rate"] == SAMPLE_RATE
+        assert record["hop_length"] == 256 and record["num_frames"] == 1 + num_samples // 256
+        assert len(record["phonemes"]) == len(record["start_samples"]) == len(record["frames"]) > 10
+        assert sum(record["frames"]) == 1 + num_samples // 256, wav_path
+        assert min(record["frames"]) >= 0
+        starts = record["start_samples"]
+        assert starts == sorted(starts) and 0 <= starts[0] and starts[-1] <= num_samples
+        assert "_" in record["phonemes"] and all(record["phonemes"])  # pauses are named
+        # Another hop: the counts still sum to that hop's frames.
+        assert sum(read_timing(timing_path(wav_path)).frames(200)) == 1 + num_samples // 200
+        # For the American voices (the corpus's phoneme language) the events spell out the
+        # manifest's phonemes exactly, pauses, stress, spaces and punctuation aside.
+        if record["voice"].startswith("en-us"):
+            spoken = "".join(name for name in record["phonemes"] if name != "_")
+            assert re.sub("[ˈˌ]", "", spoken) == re.sub("[ˈˌ ,.?!;:]", "", row["phonemes"]), wav_path
+
+
+def test_phoneme_frames_assign_each_frame_to_the_phoneme_at_its_centre():
+    # hop 100, 1 + 950 // 100 = 10 frames centred on samples 0, 100, ..., 900.
+    assert phoneme_frames([30, 250, 250, 700], 950, 100) == [3, 0, 4, 3]
+    assert phoneme_frames([0], 99, 100) == [1]
+    assert phoneme_frames([0, 960], 960, 100) == [10, 0]  # a last event at the very end: no frames
+    with pytest.raises(ValueError, match="hop_length"):
+        phoneme_frames([0], 10, 0)
 
 
 def test_same_seed_is_byte_identical_whatever_the_worker_count(corpus, tmp_path):
@@ -111,7 +159,7 @@ def test_same_seed_is_byte_identical_whatever_the_worker_count(corpus, tmp_path)
 
 def test_different_seed_gives_different_corpus(corpus, tmp_path):
     other = make_demo_corpus(tmp_path / "other", NUM_UTTERANCES, seed=1, progress=False)
-    assert [row[1] for row in _read_metadata(other)] != [row[1] for row in _read_metadata(corpus)]
+    assert [row["text"] for row in _read_rows(other)] != [row["text"] for row in _read_rows(corpus)]
     assert (other / "wavs" / "demo_0001.wav").read_bytes() != (corpus / "wavs" / "demo_0001.wav").read_bytes()
 
 
@@ -135,10 +183,30 @@ def test_failed_build_leaves_no_stamp_and_rebuilds_cleanly(tmp_path):
     assert not (out_dir / STAMP_FILENAME).exists()
 
     make_demo_corpus(out_dir, 4, seed=0, progress=False)
-    assert len(_read_metadata(out_dir)) == 4
-    assert sorted(path.name for path in (out_dir / "wavs").iterdir()) == [f"demo_000{i}.wav" for i in range(1, 5)]
+    assert len(_read_rows(out_dir)) == 4
+    assert sorted(path.name for path in (out_dir / "wavs").iterdir()) == sorted(
+        f"demo_000{i}{suffix}" for i in range(1, 5) for suffix in (".wav", ".timing.json"))
 
     # A file deleted after the stamp was written is noticed and rebuilt.
     (out_dir / "wavs" / "demo_0002.wav").unlink()
+    (out_dir / "wavs" / "demo_0003.timing.json").unlink()
     make_demo_corpus(out_dir, 4, seed=0, progress=False)
     assert soundfile.info(out_dir / "wavs" / "demo_0002.wav").samplerate == SAMPLE_RATE
+    assert (out_dir / "wavs" / "demo_0003.timing.json").is_file()
+
+
+def test_a_format_1_corpus_is_rebuilt_and_its_metadata_removed(tmp_path):
+    out_dir = tmp_path / "corpus"
+    (out_dir / "wavs").mkdir(parents=True)
+    (out_dir / "metadata.csv").write_text("demo_0001|Old text.|Old text.|spk_en-us\n")
+    (out_dir / STAMP_FILENAME).write_text(json.dumps({"format_version": 1, "num_utterances": 2, "seed": 0}))
+    make_demo_corpus(out_dir, 2, seed=0, progress=False)
+    assert not (out_dir / "metadata.csv").exists()  # it would be read instead of manifest.jsonl
+    assert len(read_manifest(out_dir)) == 2
+
+
+def test_other_voices_and_an_unknown_language(tmp_path):
+    other = make_demo_corpus(tmp_path / "other", 2, seed=3, progress=False, voices=("en-us+f4", "en-us+m5"))
+    assert {row["speaker"] for row in _read_rows(other)} == {"spk_en-us_f4", "spk_en-us_m5"}
+    with pytest.raises(ValueError, match="language: 'xx-yy'"):
+        make_demo_corpus(tmp_path / "bad", 2, progress=False, language="xx-yy")

@@ -1,6 +1,7 @@
 """Builds the embedded demo corpus: multi-speaker English speech synthesized with espeak-ng.
 
     python utilities/make_demo_corpus.py --out demo_corpus
+    python utilities/make_demo_corpus.py --out other_corpus --voices other --seed 7 --num-utterances 100
 
 Needs no network: espeak-ng and its voice data come with the `espeakng-loader` package.
 Rerunning with the same arguments returns at once; see myxtts/data/demo_corpus.py.
@@ -13,47 +14,88 @@ import sys
 import time
 from pathlib import Path
 
+EPILOG = """\
+voices:
+  demo:  {demo} (the demo's five speakers)
+  other: {other}
+  For a corpus of other voices and sentences than the demo's (to see whether a model trained on
+  the demo generalizes), use --voices other with another --seed: American English like the demo's
+  phonemes, each renders every sentence of a 400-clip corpus within the 1-12 s window.
+  A voice is an espeak-ng language code, optionally with a variant: LANG+VARIANT. Variants that
+  render with the bundled data include f1-f5, m1-m8, klatt, klatt2, klatt3, whisper and named ones
+  (Alex, john, linda, ...); English bases include en-us, en (British), en-gb-x-rp, en-gb-scotland,
+  en-029 and en-us-nyc. "en-gb" is not a voice name (use en): en-gb+m3 fails.
+"""
+
 
 def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
+    from myxtts.data.demo_corpus import DEMO_VOICES, OTHER_VOICES
+
+    named = {"demo": DEMO_VOICES, "other": OTHER_VOICES}
     parser = argparse.ArgumentParser(
         description=(
-            "Synthesize the demo corpus (LJSpeech layout: wavs/<id>.wav at 22,050 Hz and "
-            "metadata.csv with id|text|normalized_text|speaker) with espeak-ng. "
-            "The same arguments always give byte-identical files; an existing corpus built "
-            "with the same arguments is kept as it is."
-        )
+            "Synthesize the demo corpus with espeak-ng: wavs/<id>.wav at 22,050 Hz, a phoneme\n"
+            "timing file beside each (wavs/<id>.timing.json) and manifest.jsonl (audio_path, text,\n"
+            "speaker, duration, phonemes). The same arguments always give byte-identical files; an\n"
+            "existing corpus built with the same arguments is kept as it is."
+        ),
+        epilog=EPILOG.format(demo=",".join(DEMO_VOICES), other=",".join(OTHER_VOICES)),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--out", type=Path, default=Path("demo_corpus"),
                         help="directory to write the corpus into (default: %(default)s)")
     parser.add_argument("--num-utterances", type=int, default=400,
-                        help="number of utterances, spread evenly over five voices (default: %(default)s)")
+                        help="number of utterances, spread evenly over the voices (default: %(default)s)")
     parser.add_argument("--seed", type=int, default=0,
                         help="seed of the sentence generator; another seed gives other sentences (default: %(default)s)")
+    parser.add_argument("--voices", default="demo",
+                        help="comma-separated espeak-ng voices, one speaker each; 'demo' or 'other' name the "
+                             "sets below (default: %(default)s)")
+    parser.add_argument("--language", default="en-us",
+                        help="espeak-ng language of the manifest's phonemes, the model's data.language (default: %(default)s)")
+    parser.add_argument("--timing-hop", type=int, default=256,
+                        help="hop length, in samples, the timing files count frames at (default: %(default)s)")
+    parser.add_argument("--workers", type=int, default=0,
+                        help="worker processes; 0 uses every usable core (the bytes written do not depend on it)")
     parser.add_argument("--quiet", action="store_true", help="do not print the progress line")
     arguments = parser.parse_args(argv)
     if arguments.num_utterances < 1:
         parser.error(f"--num-utterances must be at least 1, got {arguments.num_utterances}")
+    if arguments.timing_hop < 1:
+        parser.error(f"--timing-hop must be at least 1, got {arguments.timing_hop}")
+    if arguments.workers < 0:
+        parser.error(f"--workers must be >= 0, got {arguments.workers}")
+    arguments.voices = list(named[arguments.voices]) if arguments.voices in named else [
+        voice.strip() for voice in arguments.voices.split(",") if voice.strip()]
+    if not arguments.voices:
+        parser.error("--voices names no voice")
     return arguments
 
 
 def main(argv: list[str] | None = None) -> int:
-    arguments = parse_arguments(argv)
     # Lets `python utilities/make_demo_corpus.py` import the package from a checkout
     # without installing it.
     repository_root = str(Path(__file__).resolve().parent.parent)
     if repository_root not in sys.path:
         sys.path.insert(0, repository_root)
+    arguments = parse_arguments(argv)
     from myxtts.data.demo_corpus import make_demo_corpus, total_audio_seconds
 
     start = time.monotonic()
-    corpus_dir = make_demo_corpus(
-        arguments.out, num_utterances=arguments.num_utterances, seed=arguments.seed, progress=not arguments.quiet
-    )
+    try:
+        corpus_dir = make_demo_corpus(
+            arguments.out, num_utterances=arguments.num_utterances, seed=arguments.seed,
+            progress=not arguments.quiet, voices=arguments.voices, language=arguments.language,
+            timing_hop_length=arguments.timing_hop, num_workers=arguments.workers or None,
+        )
+    except (RuntimeError, ValueError) as error:  # a voice espeak-ng cannot select, an unknown language
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     elapsed = time.monotonic() - start
     total_seconds = total_audio_seconds(corpus_dir)
     print(
-        f"Demo corpus: {corpus_dir.resolve()} ({arguments.num_utterances} utterances, "
-        f"{total_seconds / 60:.1f} min of audio, ready in {elapsed:.1f} s)"
+        f"Demo corpus: {corpus_dir.resolve()} ({arguments.num_utterances} utterances by "
+        f"{len(arguments.voices)} voices, {total_seconds / 60:.1f} min of audio, ready in {elapsed:.1f} s)"
     )
     return 0
 

@@ -1,21 +1,27 @@
 """The embedded demo corpus: multi-speaker English speech synthesized locally with espeak-ng.
 
-`make_demo_corpus` writes an LJSpeech-layout corpus that needs no download:
+`make_demo_corpus` writes a corpus that needs no download:
 
-    out_dir/wavs/demo_0001.wav      16-bit PCM mono WAV at 22,050 Hz
-    out_dir/metadata.csv            id|text|normalized_text|speaker   (no header row)
-    out_dir/.demo_corpus.json       stamp: what was built, written last
+    out_dir/wavs/demo_0001.wav          16-bit PCM mono WAV at 22,050 Hz
+    out_dir/wavs/demo_0001.timing.json  when each phoneme starts, and its frames (`phoneme_timing.py`)
+    out_dir/manifest.jsonl              one row per clip (`manifest.py`'s JSONL format):
+        {"audio_path": "wavs/demo_0001.wav", "text": ..., "speaker": "spk_en-us_f2",
+         "duration": 2.55, "phonemes": "həlˈoʊ, wˈɜːld!", "language": "en-us"}
+    out_dir/.demo_corpus.json           stamp: what was built, written last
 
-The fourth metadata column is this project's extension of LJSpeech: it names the speaker,
-one per espeak voice variant (`spk_en-us_f2` for `en-us+f2`). Text and normalized text are
-the same sentence because `myxtts.data.sentences` already spells numbers out.
+`data.train_data: demo_corpus` reads the folder through its manifest.jsonl like any prepared
+dataset. Each speaker is one espeak voice variant (`spk_en-us_f2` for `en-us+f2`). The text is
+the sentence as spoken (`myxtts.data.sentences` already spells numbers out); `phonemes` is what
+the model reads, made by the same front end as training and synthesis (`phonemes.phonemize`, in
+the corpus's `language`), so the demo trains on phonemes without a preparation step.
 
 Determinism takes two measures, both checked by the tests:
 - espeak-ng keeps synthesis state (oscillator phase, flutter position) in static variables
   that survive between utterances and even `espeak_Terminate`, so the same text renders a
   few samples differently depending on what was spoken before. Each worker initializes
   espeak once and forks a child per utterance, so every rendering starts from the same
-  freshly initialized state.
+  freshly initialized state (and the child phonemizes the text too, after rendering, so that
+  this leaves no state behind either).
 - Breathy variants such as `+f2` mix in noise from espeak's own random generator, which
   is not part of that inherited state (two workers started at different times disagree),
   so it is reseeded before every rendering.
@@ -29,6 +35,7 @@ import ctypes
 import json
 import multiprocessing
 import os
+import struct
 import sys
 import wave
 from array import array
@@ -37,37 +44,41 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 
+from myxtts.data import espeak
+from myxtts.data.manifest import MANIFEST_JSONL, Utterance, read_manifest, write_jsonl
+from myxtts.data.phoneme_timing import DEFAULT_HOP_LENGTH, TIMING_SUFFIX, PhonemeTiming, timing_path
+from myxtts.data.phonemes import check_language, phonemize
 from myxtts.data.sentences import SentenceGenerator
 from myxtts.hardware.host import usable_cores
 from myxtts.progress import ProgressLine
 
-SAMPLE_RATE = 22_050
+SAMPLE_RATE = espeak.SAMPLE_RATE
 # espeak voice variants that synthesize with the bundled data; each becomes one speaker.
 DEMO_VOICES = ("en-us", "en-us+f2", "en-us+f3", "en-us+m3", "en+m7")
+# Other American English variants that render every demo sentence within the duration window
+# (checked on 400 utterances): for a corpus of voices the demo model never heard.
+OTHER_VOICES = ("en-us+f1", "en-us+f4", "en-us+m1", "en-us+m2", "en-us+m5")
+# The front end's language for the manifest's phonemes (data.language's default).
+DEMO_LANGUAGE = "en-us"
 MIN_DURATION_S = 1.0
 MAX_DURATION_S = 12.0
 # Bump when anything that changes the bytes written changes (sentences, voices, layout),
 # so existing corpora are rebuilt instead of being trusted by their stamp.
-FORMAT_VERSION = 1
+# 2: manifest.jsonl with phonemes instead of metadata.csv; per-clip phoneme timing files.
+FORMAT_VERSION = 2
 STAMP_FILENAME = ".demo_corpus.json"
-METADATA_FILENAME = "metadata.csv"
+MANIFEST_FILENAME = MANIFEST_JSONL
+# Format 1 wrote an LJSpeech metadata.csv, which manifest readers would still prefer.
+_FORMAT_1_METADATA = "metadata.csv"
 # Sentences drawn per utterance before giving up; about one in seventy falls outside the
 # duration window, so running out means something is wrong with the voice, not bad luck.
 MAX_SENTENCE_ATTEMPTS = 40
-
-# Constants from espeak-ng's speak_lib.h.
-_AUDIO_OUTPUT_SYNCHRONOUS = 2
-_ESPEAK_CHARS_UTF8 = 1
-_ESPEAK_ENDPAUSE = 0x1000  # a short silence at the end, as after a spoken sentence
-_POS_CHARACTER = 1
 # Any fixed value works; it only has to be the same for every rendering.
 _NOISE_SEED = 1
-# int SynthCallback(short *wav, int numsamples, espeak_EVENT *events)
-_SYNTH_CALLBACK = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_short), ctypes.c_int, ctypes.c_void_p)
 
 
 def speaker_name(voice: str) -> str:
-    """The metadata speaker for an espeak voice: 'en-us+f2' -> 'spk_en-us_f2'."""
+    """The manifest speaker for an espeak voice: 'en-us+f2' -> 'spk_en-us_f2'."""
     return "spk_" + voice.replace("+", "_")
 
 
@@ -76,85 +87,71 @@ def utterance_id(index: int) -> str:
     return f"demo_{index + 1:04d}"
 
 
-class EspeakEngine:
-    """One initialized espeak-ng library in this process, in synchronous mode.
+@dataclass(frozen=True)
+class Rendering:
+    """One sentence rendered by one voice: audio, where its phonemes start, and its phoneme string."""
 
-    Rendering appends int16 chunks from espeak's callback and returns them as
-    little-endian PCM bytes.
+    pcm: bytes  # little-endian int16 samples
+    phoneme_names: tuple[str, ...]
+    phoneme_starts: tuple[int, ...]  # samples from the start of the clip
+    phonemes: str  # the front end's string for the text (phonemes.phonemize)
+
+    @property
+    def num_samples(self) -> int:
+        return len(self.pcm) // 2
+
+
+class EspeakEngine:
+    """Renders text with this process's espeak-ng (`espeak.library()`), in synchronous mode.
+
+    The synthesis callback appends int16 chunks and the phoneme events (IPA name, start sample)
+    that come with them.
     """
 
     def __init__(self):
-        try:
-            import espeakng_loader
-        except ImportError as error:
-            raise RuntimeError(
-                "The demo corpus needs the espeak-ng library from the 'espeakng-loader' package: "
-                "pip install espeakng-loader"
-            ) from error
-        library_path = espeakng_loader.get_library_path()
-        data_path = espeakng_loader.get_data_path()
-        self._library = ctypes.CDLL(library_path)
-        self._library.espeak_Initialize.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_char_p, ctypes.c_int]
-        self._library.espeak_SetVoiceByName.argtypes = [ctypes.c_char_p]
-        self._library.espeak_SetSynthCallback.argtypes = [_SYNTH_CALLBACK]
-        if not hasattr(self._library, "espeak_ng_SetRandSeed"):
-            raise RuntimeError(
-                f"{library_path} lacks espeak_ng_SetRandSeed (espeakng-loader 0.2.4 ships espeak-ng "
-                "1.52.0, which has it); without it the demo corpus is not reproducible. "
-                "Upgrade espeakng-loader."
-            )
-        self._library.espeak_ng_SetRandSeed.argtypes = [ctypes.c_long]
-        self._library.espeak_Synth.argtypes = [
-            ctypes.c_char_p, ctypes.c_size_t, ctypes.c_uint, ctypes.c_int,
-            ctypes.c_uint, ctypes.c_uint, ctypes.c_void_p, ctypes.c_void_p,
-        ]
-        sample_rate = self._library.espeak_Initialize(_AUDIO_OUTPUT_SYNCHRONOUS, 0, data_path.encode(), 0)
-        if sample_rate != SAMPLE_RATE:
-            raise RuntimeError(
-                f"espeak-ng from {library_path} with data {data_path} initialized with result "
-                f"{sample_rate}; expected its sample rate, {SAMPLE_RATE}. Reinstall espeakng-loader."
-            )
+        self._espeak = espeak.library()
         self._chunks: list[bytes] = []
-        # Kept on self: ctypes frees the C trampoline when the Python object is collected,
-        # and espeak would then call into freed memory.
-        self._callback = _SYNTH_CALLBACK(self._collect_samples)
-        self._library.espeak_SetSynthCallback(self._callback)
+        self._events: list[tuple[str, int]] = []
+        self._espeak.set_synth_callback(self._collect)
         # Loading the English dictionary once here means forked children inherit it instead
         # of each reading it from disk.
         self._select_voice(DEMO_VOICES[0])
 
-    def _collect_samples(self, samples, num_samples: int, events) -> int:
+    def _collect(self, samples, num_samples: int, events) -> int:
+        index = 0
+        while events[index].type != espeak.EVENT_LIST_TERMINATED:
+            if events[index].type == espeak.EVENT_PHONEME:
+                self._events.append((espeak.event_name(events[index]), events[index].sample))
+            index += 1
         if num_samples > 0:
             self._chunks.append(ctypes.string_at(samples, num_samples * 2))
         return 0  # 0 = keep synthesizing
 
     def _select_voice(self, voice: str) -> None:
-        status = self._library.espeak_SetVoiceByName(voice.encode())
+        status = self._espeak.select_voice(voice)
         if status != 0:
             raise RuntimeError(
                 f"espeak-ng could not select voice {voice!r} (error code {status}); "
-                f"voices known to work: {', '.join(DEMO_VOICES)}"
+                f"voices known to work: {', '.join(DEMO_VOICES + OTHER_VOICES)}"
             )
 
-    def render(self, voice: str, text: str) -> bytes:
-        """Synthesizes `text` in this process; the samples still depend on earlier renderings."""
+    def render(self, voice: str, text: str) -> tuple[bytes, list[tuple[str, int]]]:
+        """(PCM, phoneme events) of `text` rendered in this process; the samples still depend on
+        earlier renderings (see `render_isolated`)."""
         self._select_voice(voice)
-        self._library.espeak_ng_SetRandSeed(_NOISE_SEED)
-        self._chunks = []
-        encoded = text.encode("utf-8")
-        status = self._library.espeak_Synth(
-            encoded, len(encoded) + 1, 0, _POS_CHARACTER, 0,
-            _ESPEAK_CHARS_UTF8 | _ESPEAK_ENDPAUSE, None, None,
-        )
+        self._espeak.set_random_seed(_NOISE_SEED)
+        self._chunks, self._events = [], []
+        status = self._espeak.synthesize(text)
         if status != 0:
             raise RuntimeError(f"espeak-ng failed (error code {status}) with voice {voice!r} on text {text!r}")
         samples = array("h", b"".join(self._chunks))
         if sys.byteorder == "big":
             samples.byteswap()  # WAV stores little-endian samples
-        return samples.tobytes()
+        return samples.tobytes(), self._events
 
-    def render_isolated(self, voice: str, text: str) -> bytes:
-        """Synthesizes `text` in a forked child, so the audio depends only on (voice, text)."""
+    def render_isolated(self, voice: str, text: str, language: str = DEMO_LANGUAGE) -> Rendering:
+        """Renders `text` and phonemizes it in `language`, in a forked child, so the audio depends
+        only on (voice, text) and this process's espeak state stays as it was."""
         read_fd, write_fd = os.pipe()
         child_pid = os.fork()
         if child_pid == 0:
@@ -162,8 +159,10 @@ class EspeakEngine:
             try:
                 os.close(read_fd)
                 try:
-                    payload, exit_code = b"\x00" + self.render(voice, text), 0
-                except RuntimeError as error:  # handed to the parent, which raises it
+                    pcm, events = self.render(voice, text)
+                    header = json.dumps({"events": events, "phonemes": phonemize(text, language)}).encode()
+                    payload, exit_code = b"\x00" + struct.pack("<I", len(header)) + header + pcm, 0
+                except (RuntimeError, ValueError) as error:  # handed to the parent, which raises it
                     payload, exit_code = b"\x01" + str(error).encode(), 1
                 with os.fdopen(write_fd, "wb") as pipe:
                     pipe.write(payload)
@@ -179,7 +178,17 @@ class EspeakEngine:
             raise RuntimeError(payload[1:].decode())
         if exit_code != 0 or payload[:1] != b"\x00":
             raise RuntimeError(f"espeak-ng crashed (exit code {exit_code}) with voice {voice!r} on text {text!r}")
-        return payload[1:]
+        (header_length,) = struct.unpack("<I", payload[1:5])
+        header = json.loads(payload[5 : 5 + header_length])
+        pcm = payload[5 + header_length :]
+        names = tuple(name for name, _ in header["events"])
+        starts = tuple(sample for _, sample in header["events"])
+        if not names or any(later < earlier for earlier, later in zip(starts, starts[1:])) or starts[-1] > len(pcm) // 2:
+            raise RuntimeError(
+                f"espeak-ng reported phoneme events that do not fit the audio ({len(names)} events, starts "
+                f"{starts[:3]}...{starts[-3:]}, {len(pcm) // 2} samples) with voice {voice!r} on text {text!r}"
+            )
+        return Rendering(pcm, names, starts, header["phonemes"])
 
 
 @dataclass(frozen=True)
@@ -187,17 +196,9 @@ class _UtteranceJob:
     index: int
     voice: str
     seed: int
+    language: str
+    timing_hop_length: int
     wav_path: Path
-
-
-@dataclass(frozen=True)
-class _RenderedUtterance:
-    """One written utterance, as listed in metadata.csv."""
-
-    utterance_id: str
-    text: str
-    speaker: str
-    num_samples: int
 
 
 # Set by the pool initializer, so each worker process loads and initializes espeak once.
@@ -219,28 +220,32 @@ def _write_wav(path: Path, pcm: bytes) -> None:
     os.replace(partial_path, path)  # a reader never sees a half-written file
 
 
-def _synthesize_utterance(job: _UtteranceJob) -> _RenderedUtterance:
+def _synthesize_utterance(job: _UtteranceJob) -> Utterance:
     # Each utterance has its own sentence stream, so its text does not depend on which
     # other utterances needed a second draw.
     sentences = SentenceGenerator(f"demo-corpus:{job.seed}:{job.index}")
     durations = []
     for _ in range(MAX_SENTENCE_ATTEMPTS):
         text = sentences.sentence()
-        pcm = _worker_engine.render_isolated(job.voice, text)
-        num_samples = len(pcm) // 2
-        if MIN_DURATION_S <= num_samples / SAMPLE_RATE <= MAX_DURATION_S:
-            _write_wav(job.wav_path, pcm)
-            return _RenderedUtterance(utterance_id(job.index), text, speaker_name(job.voice), num_samples)
-        durations.append(round(num_samples / SAMPLE_RATE, 2))
+        rendering = _worker_engine.render_isolated(job.voice, text, job.language)
+        duration_s = rendering.num_samples / SAMPLE_RATE
+        if MIN_DURATION_S <= duration_s <= MAX_DURATION_S:
+            _write_wav(job.wav_path, rendering.pcm)
+            timing = PhonemeTiming(job.voice, SAMPLE_RATE, rendering.num_samples, rendering.phoneme_names,
+                                   rendering.phoneme_starts)
+            _write_text_atomically(timing_path(job.wav_path), timing.to_json(job.timing_hop_length))
+            return Utterance(f"wavs/{job.wav_path.name}", text, speaker_name(job.voice), duration_s,
+                             rendering.phonemes, job.language)
+        durations.append(round(duration_s, 2))
     raise RuntimeError(
         f"voice {job.voice!r} rendered none of {MAX_SENTENCE_ATTEMPTS} sentences for "
         f"{utterance_id(job.index)} within {MIN_DURATION_S}-{MAX_DURATION_S} s (durations: {durations})"
     )
 
 
-def _synthesize_all(jobs: list[_UtteranceJob], num_workers: int, progress: bool) -> list[_RenderedUtterance]:
+def _synthesize_all(jobs: list[_UtteranceJob], num_workers: int, progress: bool) -> list[Utterance]:
     progress_line = ProgressLine("demo corpus", len(jobs), "utterances", enabled=progress)
-    utterances: list[_RenderedUtterance | None] = [None] * len(jobs)
+    utterances: list[Utterance | None] = [None] * len(jobs)
     # spawn, not fork: the caller may be a multithreaded process (TensorFlow), and forking
     # one of those can deadlock. The workers are single-threaded, so their own per-utterance
     # forks are safe.
@@ -277,18 +282,25 @@ def _corpus_is_complete(out_dir: Path, expected_stamp: dict) -> bool:
         return False
     # Cheap guard against a user deleting files after the stamp was written.
     wav_dir = out_dir / "wavs"
-    return (out_dir / METADATA_FILENAME).is_file() and all(
-        (wav_dir / f"{utterance_id(index)}.wav").is_file() for index in range(expected_stamp["num_utterances"])
+    return (out_dir / MANIFEST_FILENAME).is_file() and all(
+        (wav_dir / f"{utterance_id(index)}{suffix}").is_file()
+        for index in range(expected_stamp["num_utterances"])
+        for suffix in (".wav", TIMING_SUFFIX)
     )
 
 
-def _remove_leftovers(wav_dir: Path, kept_ids: set[str]) -> None:
-    # Only files this module names (demo_*.wav and partial writes) are ours to delete; a
-    # larger earlier build leaves ids the new metadata no longer lists.
-    for path in wav_dir.iterdir():
-        is_ours = path.name.startswith("demo_") and path.name.endswith((".wav", ".wav.partial"))
-        if is_ours and path.name.removesuffix(".partial").removesuffix(".wav") not in kept_ids:
+def _remove_leftovers(out_dir: Path, kept_ids: set[str]) -> None:
+    # Only files this module names (demo_* clips, timings and partial writes) are ours to
+    # delete; a larger earlier build leaves ids the new manifest no longer lists.
+    for path in (out_dir / "wavs").iterdir():
+        name = path.name.removesuffix(".partial")
+        stem = name.removesuffix(".wav").removesuffix(TIMING_SUFFIX)
+        if name.startswith("demo_") and stem != name and stem not in kept_ids:
             path.unlink()
+    # A format-1 build's metadata.csv would be read instead of the new manifest.jsonl.
+    old_metadata = out_dir / _FORMAT_1_METADATA
+    if old_metadata.is_file() and old_metadata.read_text(encoding="utf-8", errors="replace").startswith("demo_0001|"):
+        old_metadata.unlink()
 
 
 def make_demo_corpus(
@@ -298,18 +310,24 @@ def make_demo_corpus(
     progress: bool = True,
     *,
     voices: Sequence[str] = DEMO_VOICES,
+    language: str = DEMO_LANGUAGE,
+    timing_hop_length: int = DEFAULT_HOP_LENGTH,
     num_workers: int | None = None,
 ) -> Path:
     """Builds the demo corpus in `out_dir` (see the module docstring) and returns its path.
 
     Returns at once if `out_dir` already holds a complete corpus built with the same
-    arguments. Utterance i is spoken by voices[i % len(voices)]. `num_workers` defaults to
-    the cores this process may use; it changes speed, never the bytes written.
+    arguments. Utterance i is spoken by voices[i % len(voices)]; `seed` picks the sentences;
+    `language` is the front end's language for the manifest's phonemes; `timing_hop_length` the
+    hop the timing files count frames at. `num_workers` defaults to the cores this process may
+    use; it changes speed, never the bytes written.
     """
     if num_utterances < 1:
         raise ValueError(f"num_utterances must be at least 1, got {num_utterances}")
     if not voices:
         raise ValueError("voices must name at least one espeak voice")
+    if timing_hop_length <= 0:
+        raise ValueError(f"timing_hop_length must be positive, got {timing_hop_length}")
     out_dir = Path(out_dir)
     expected_stamp = {
         "format_version": FORMAT_VERSION,
@@ -317,9 +335,12 @@ def make_demo_corpus(
         "seed": seed,
         "sample_rate": SAMPLE_RATE,
         "voices": list(voices),
+        "language": language,
+        "timing_hop_length": timing_hop_length,
     }
     if _corpus_is_complete(out_dir, expected_stamp):
         return out_dir
+    check_language(language, key="language")  # here, not once per worker
 
     wav_dir = out_dir / "wavs"
     wav_dir.mkdir(parents=True, exist_ok=True)
@@ -328,29 +349,25 @@ def make_demo_corpus(
     (out_dir / STAMP_FILENAME).unlink(missing_ok=True)
 
     jobs = [
-        _UtteranceJob(index, voices[index % len(voices)], seed, wav_dir / f"{utterance_id(index)}.wav")
+        _UtteranceJob(index, voices[index % len(voices)], seed, language, timing_hop_length,
+                      wav_dir / f"{utterance_id(index)}.wav")
         for index in range(num_utterances)
     ]
     workers = max(1, min(num_workers or usable_cores(), num_utterances))
     utterances = _synthesize_all(jobs, workers, progress)
 
-    _remove_leftovers(wav_dir, {utterance.utterance_id for utterance in utterances})
-    metadata = "".join(
-        f"{utterance.utterance_id}|{utterance.text}|{utterance.text}|{utterance.speaker}\n"
-        for utterance in utterances
-    )
-    _write_text_atomically(out_dir / METADATA_FILENAME, metadata)
-    total_seconds = sum(utterance.num_samples for utterance in utterances) / SAMPLE_RATE
+    _remove_leftovers(out_dir, {utterance_id(index) for index in range(num_utterances)})
+    write_jsonl(utterances, out_dir / MANIFEST_FILENAME)
+    total_seconds = sum(utterance.duration_s for utterance in utterances)
     stamp = {**expected_stamp, "total_seconds": round(total_seconds, 3)}
     _write_text_atomically(out_dir / STAMP_FILENAME, json.dumps(stamp, indent=2, sort_keys=True) + "\n")
     return out_dir
 
 
 def total_audio_seconds(corpus_dir: str | os.PathLike) -> float:
-    """Sums the durations of the WAV files listed in `corpus_dir`/metadata.csv."""
-    corpus_dir = Path(corpus_dir)
+    """Sums the durations of the WAV files listed in `corpus_dir`/manifest.jsonl."""
     total = 0.0
-    for line in (corpus_dir / METADATA_FILENAME).read_text(encoding="utf-8").splitlines():
-        with wave.open(str(corpus_dir / "wavs" / f"{line.split('|', 1)[0]}.wav"), "rb") as wav_file:
+    for utterance in read_manifest(Path(corpus_dir) / MANIFEST_FILENAME):
+        with wave.open(utterance.audio_path, "rb") as wav_file:
             total += wav_file.getnframes() / wav_file.getframerate()
     return total
