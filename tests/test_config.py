@@ -94,6 +94,8 @@ def test_wrong_types_say_what_is_allowed(tmp_path, text, expected):
         ("data.bucket_boundaries_s=[4, 2, 12]", "strictly increasing"),
         ("data.batch_size=-1", "data.batch_size must be >= 0"),
         ("data.power=3", "data.power must be 1.0"),
+        ("data.language=", "data.language must be an espeak-ng voice or language code"),
+        ("data.text_frontend=letters", "data.text_frontend must be one of phonemes, characters"),
     ],
 )
 def test_impossible_values_are_rejected(override, expected):
@@ -156,6 +158,17 @@ def test_saved_config_loads_back_to_the_same_values(tmp_path):
     original = load_config(overrides=["data.n_mels=64", "seed=7"], optimization_level="basic")
     cfg.save_config(original, tmp_path / "saved.yaml")
     assert dataclasses.asdict(load_config(tmp_path / "saved.yaml")) == dataclasses.asdict(original)
+
+
+def test_a_run_saved_before_the_text_frontend_key_reads_characters(tmp_path):
+    original = load_config(overrides=["data.language=fa"])
+    cfg.save_config(original, tmp_path / "new.yaml")
+    assert cfg.load_run_config(tmp_path / "new.yaml").data.text_frontend == "phonemes"
+    saved = yaml.safe_load((tmp_path / "new.yaml").read_text())
+    del saved["data"]["text_frontend"]  # as written by a run from before the phoneme front end
+    (tmp_path / "old.yaml").write_text(yaml.safe_dump(saved))
+    assert cfg.load_run_config(tmp_path / "old.yaml").data.text_frontend == "characters"
+    assert load_config(tmp_path / "old.yaml").data.text_frontend == "phonemes"  # a plain load takes the default
 
 
 def test_missing_or_malformed_file(tmp_path):

@@ -7,12 +7,13 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from myxtts import config as config_lib
 from myxtts.config import load_config
-from myxtts.data.manifest import read_manifest
+from myxtts.data.manifest import Utterance, read_manifest
 from myxtts.data.pipeline import build_dataset, build_vocabulary
 from myxtts.models.xtts import network_for
 from myxtts.training.step import TrainingModel
-from myxtts.training.trainer import train
+from myxtts.training.trainer import prepare_text, train
 
 
 def _config(corpus, *overrides):
@@ -144,6 +145,30 @@ def test_a_checkpoint_holds_every_weight_and_optimizer_variable(setup, tmp_path)
     other.build()
     with pytest.raises(CheckpointError, match="does not hold this network's weights"):
         restore_network(other, path)
+
+
+def test_raw_rows_are_phonemized_once_and_a_run_keeps_its_text_frontend(tmp_path, monkeypatch):
+    from myxtts.data import phonemes
+
+    rows = [Utterance(f"/a/{i}.wav", text, "s") for i, text in enumerate(["Hello, world!", "How are you?", "Fine."])]
+    config = load_config()  # phonemes, en-us
+    train_rows, val_rows, vocabulary = prepare_text(config, tmp_path, rows[:2], rows[2:])
+    assert [u.phonemes for u in train_rows + val_rows] == ["həlˈoʊ, wˈɜːld!", "hˈaʊ ɑːɹ juː?", "fˈaɪn."]
+    assert vocabulary.characters == sorted(set("həlˈoʊ, wˈɜːld!hˈaʊ ɑːɹ juː?"))
+    assert (tmp_path / "vocab.txt").is_file() and (tmp_path / "phonemes.json").is_file()
+    config_lib.save_config(config, tmp_path / "config.yaml")  # as train() does
+
+    # Resumed: the cache answers and vocab.txt is read back; espeak-ng is not asked again.
+    monkeypatch.setattr(phonemes, "phonemize", lambda *arguments: pytest.fail("phonemized again"))
+    again_train, again_val, again_vocabulary = prepare_text(config, tmp_path, rows[:2], rows[2:])
+    assert (again_train, again_val, again_vocabulary.tokens) == (train_rows, val_rows, vocabulary.tokens)
+
+    # vocab.txt holds phonemes: the run cannot go on reading characters, unless it starts over.
+    characters = load_config(overrides=["data.text_frontend=characters"])
+    with pytest.raises(ValueError, match="data.text_frontend=phonemes.*--reset-training"):
+        prepare_text(characters, tmp_path, rows[:2], rows[2:])
+    _, _, rebuilt = prepare_text(characters, tmp_path, rows[:2], rows[2:], rebuild_vocabulary=True)
+    assert "h" in rebuilt.characters and "ˈ" not in rebuilt.characters
 
 
 def test_end_to_end_resume_optimizer_switch_and_no_recompilation(demo_corpus, tmp_path):
