@@ -3,7 +3,8 @@
 
     python utilities/synthesize.py --checkpoint runs/demo --text "Hello there." --reference voice.wav --out out.wav
 
---checkpoint takes a run folder (uses best_mel, else latest) or a checkpoint prefix. Several
+--checkpoint takes a run folder (uses best_mel, else latest) or a checkpoint prefix. The text is
+phonemized as in training, with the run's data.text_frontend and data.language. Several
 --reference clips of one voice are averaged into one voice. --benchmark prints the real-time factor.
 """
 
@@ -16,7 +17,7 @@ from pathlib import Path
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--checkpoint", required=True, help="run folder (with config.yaml and vocab.txt) or checkpoint prefix")
-    p.add_argument("--text", required=True, help="what to say")
+    p.add_argument("--text", required=True, help="what to say, in the run's data.language")
     p.add_argument("--reference", required=True, action="append", help="16-bit WAV of the target voice (repeatable)")
     p.add_argument("--out", default="out.wav", help="output WAV path (default out.wav)")
     p.add_argument("--benchmark", action="store_true", help="synthesize twice (the first call compiles) and print the real-time factor")

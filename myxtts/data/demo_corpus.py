@@ -138,10 +138,11 @@ class EspeakEngine:
     def render(self, voice: str, text: str) -> tuple[bytes, list[tuple[str, int]]]:
         """(PCM, phoneme events) of `text` rendered in this process; the samples still depend on
         earlier renderings (see `render_isolated`)."""
-        self._select_voice(voice)
-        self._espeak.set_random_seed(_NOISE_SEED)
-        self._chunks, self._events = [], []
-        status = self._espeak.synthesize(text)
+        with self._espeak.lock:  # voice, seed and synthesis as one step: espeak-ng's state is global
+            self._select_voice(voice)
+            self._espeak.set_random_seed(_NOISE_SEED)
+            self._chunks, self._events = [], []
+            status = self._espeak.synthesize(text)
         if status != 0:
             raise RuntimeError(f"espeak-ng failed (error code {status}) with voice {voice!r} on text {text!r}")
         samples = array("h", b"".join(self._chunks))

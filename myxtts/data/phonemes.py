@@ -38,7 +38,6 @@ from myxtts.progress import ProgressLine
 
 # Bump when the strings `phonemize` makes change for the same espeak-ng, so caches are redone.
 FRONTEND_VERSION = 1
-CLAUSE_PUNCTUATION = ",.?!;:"
 # Every mark that ends a clause, and the ASCII mark it is written as.
 _CLAUSE_MARKS = {
     ",": ",", "،": ",", "、": ",", "，": ",",
@@ -66,7 +65,7 @@ def phonemize(text: str, language: str) -> str:
     """
     espeak = library()
     with espeak.lock:
-        _select(espeak, language, "language")
+        _select(espeak, language, "data.language")
         clauses = []
         for clause, mark in _split_clauses(" ".join(text.split())):
             phonemes = " ".join(_LANGUAGE_SWITCH.sub("", part) for part in espeak.text_to_phonemes(clause))
