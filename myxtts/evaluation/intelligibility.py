@@ -5,12 +5,12 @@
     print(result.summary())      # "intelligibility: WER 0.18 (74 errors / 412 words, 24 clips), ..."
 
 The recognizer is pocketsphinx's bundled en-us acoustic model with a language model built from the
-corpus's own sentences (pocketsphinx's general English model gets espeak-ng speech mostly wrong,
-WER 0.6-1.5, BENCHMARKS.md). So it measures whether the sentence the model was asked for can be
+corpus's own sentences (pocketsphinx's general English model gets espeak-ng speech mostly wrong:
+WER 0.6-1.5 on the demo recordings). So it measures whether the sentence the model was asked for can be
 heard among the corpus's sentences: a closed-vocabulary test, good for comparing checkpoints of one
 run and telling speech from babble, not an absolute figure to compare with published ASR numbers.
-Recordings, and Griffin-Lim of their log-mel, score about 0.1-0.2 on the demo corpus; white noise and
-silence score 1.0 (BENCHMARKS.md, "Intelligibility measure").
+On the demo corpus the recordings score 0.16-0.24, Griffin-Lim of their log-mel 0.07-0.09, white
+noise and silence 1.0 (BENCHMARKS.md, "Intelligibility measure").
 
 Text is normalized the same way for references and hypotheses (`normalize_text`). pocketsphinx is
 imported when a recognizer is built, never at import; this module imports no TensorFlow. English
@@ -154,7 +154,7 @@ class Recognizer:
 
     def __init__(self, sentences: Iterable[str], *, pronunciations: Mapping[str, str] | None = None,
                  directory: str | os.PathLike | None = None):
-        from pocketsphinx import Decoder
+        from pocketsphinx import Decoder, get_model_path
         from pocketsphinx.lm import ArpaBoLM
 
         texts = [text for text in (normalize_text(sentence) for sentence in sentences) if text]
@@ -176,8 +176,8 @@ class Recognizer:
             with open(lm_path, "w", encoding="utf-8") as out:
                 language_model.write(out)
             self.pronunciations.write(dictionary_path)
-            self._decoder = Decoder(hmm=str(bundled_dictionary_path().parent / "en-us"), lm=lm_path,
-                                    dict=dictionary_path, samprate=RECOGNIZER_SAMPLE_RATE, topn=_GAUSSIANS_PER_FRAME, loglevel="FATAL")
+            self._decoder = Decoder(hmm=get_model_path("en-us/en-us"), lm=lm_path, dict=dictionary_path,
+                                    samprate=RECOGNIZER_SAMPLE_RATE, topn=_GAUSSIANS_PER_FRAME, loglevel="FATAL")
 
     @property
     def unpronounceable(self) -> tuple[str, ...]:
