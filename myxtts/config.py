@@ -111,7 +111,6 @@ class DataConfig:
 @dataclass
 class ModelConfig:
     size: Literal["tiny", "small", "base"] = "small"
-    frames_per_token: float = 5.0
 
 
 @dataclass
@@ -135,6 +134,7 @@ class TrainingConfig:
     max_nonfinite_steps: int = 25
     gradient_checkpointing: bool = False
     log_samples: bool = True
+    wer_sentences: int = 24
 
 
 @dataclass
@@ -400,8 +400,8 @@ def validate(config: Config) -> None:
     for key in ("batch_size", "num_workers", "prefetch_buffer_size", "shuffle_buffer_size"):
         if getattr(d, key) < 0:
             problems.append(f"data.{key} must be >= 0 (0 = automatic), got {getattr(d, key)}")
-    if config.model.frames_per_token <= 0:
-        problems.append(f"model.frames_per_token must be positive, got {config.model.frames_per_token}")
+    if t.wer_sentences < 0:
+        problems.append(f"training.wer_sentences must be >= 0 (0 = off), got {t.wer_sentences}")
     if t.gradient_accumulation_steps < 0:
         problems.append(f"training.gradient_accumulation_steps must be >= 0 (0 = automatic), got {t.gradient_accumulation_steps}")
     for key in ("learning_rate", "max_steps", "log_interval", "eval_interval", "checkpoint_interval", "max_nonfinite_steps"):

@@ -1,4 +1,4 @@
-"""Synthesis: the compiled decoding loop, its stopping rule, and Griffin-Lim against the feature pipeline."""
+"""Synthesis: durations predicted, one parallel pass, and Griffin-Lim against the feature pipeline."""
 
 import math
 
@@ -10,133 +10,73 @@ import tensorflow as tf
 from myxtts.config import DataConfig
 from myxtts.data import audio
 from myxtts.models import griffin_lim
-from myxtts.models.inference import autoregress, end_silence, generate
+from myxtts.models.inference import generate, predicted_durations
 from myxtts.models.xtts import XTTS
 
 VOCAB = 12
 N_MELS = 20
-MAX_FRAMES = 22  # not a multiple of r = 4: the last step's extra frames must be cut
 
 
 @pytest.fixture(scope="module")
 def model():
     keras.utils.set_random_seed(0)
-    model = XTTS(vocab_size=VOCAB, n_mels=N_MELS, size="tiny", max_text_length=32, max_mel_frames=64)
+    model = XTTS(vocab_size=VOCAB, n_mels=N_MELS, size="tiny")
     model.build()
+    # Durations of about 3 frames per token whatever the text: log(1 + 3) from the predictor's bias.
+    model.duration_predictor.head.kernel.assign(tf.zeros_like(model.duration_predictor.head.kernel))
+    model.duration_predictor.head.bias.assign([math.log(4.0)])
     return model
 
 
 @pytest.fixture(scope="module")
 def prompt():
     rng = np.random.default_rng(0)
-    tokens = np.array([[2, 5, 6, 7, 8, 9, 3, 0], [2, 9, 8, 7, 3, 0, 0, 0]], np.int32)  # BOS ... EOS, PAD
+    tokens = np.array([[2, 5, 6, 7, 8, 9, 3, 0], [2, 9, 8, 7, 3, 0, 0, 0]], np.int32)  # 7 and 5 tokens, PAD_ID 0
     reference = rng.normal(-4.0, 2.0, (3, 24, N_MELS)).astype(np.float32)
     return tf.constant(tokens), tf.constant(reference), tf.constant([24, 20, 17])
 
 
-def _force_stop(model, per_frame_bias):
-    """Make the stop head ignore its input: stop probability sigmoid(bias) for each frame of a group."""
-    model.stop_head.kernel.assign(tf.zeros_like(model.stop_head.kernel))
-    model.stop_head.bias.assign(tf.constant(per_frame_bias, tf.float32))
+def test_predicted_durations_round_and_stop_at_the_text():
+    log_durations = tf.math.log1p(tf.constant([[2.4, 2.6, 0.3, 5.0], [1.0, 0.0, 7.0, 7.0]]))
+    assert predicted_durations(log_durations, tf.constant([4, 2])).numpy().tolist() == [[2, 3, 0, 5], [1, 0, 0, 0]]
+    assert predicted_durations(log_durations, tf.constant([4, 2]), 2.0).numpy().tolist() == [[5, 5, 1, 10], [2, 0, 0, 0]]
+    assert predicted_durations(tf.constant([[-3.0]]), tf.constant([1])).numpy().tolist() == [[0]]  # never negative
 
 
-def test_generation_stops_at_once_when_the_stop_head_is_forced_high(model, prompt):
-    tokens, reference, lengths = prompt
-    _force_stop(model, [10.0] * 4)
-    mel, length = generate(model, tokens, reference[:2], lengths[:2], max_frames=MAX_FRAMES)
-    assert length.numpy().tolist() == [1, 1]
-    assert mel.shape == (2, 1, N_MELS) and mel.dtype == tf.float32
+def test_lengths_are_the_predicted_durations_and_frames_past_them_are_zero(model, prompt):
+    tokens, reference, reference_length = prompt
+    mel, length = generate(model, tokens, reference[:2], reference_length[:2])
+    assert length.numpy().tolist() == [7 * 3, 5 * 3]
+    assert mel.shape == (2, 21, N_MELS) and mel.dtype == tf.float32
+    assert np.all(mel[1, 15:].numpy() == 0.0) and np.abs(mel[1, :15]).min() > 0
+    slower, slower_length = generate(model, tokens, reference[:2], reference_length[:2], duration_scale=2.0)
+    assert slower_length.numpy().tolist() == [42, 30]
+    _, capped = generate(model, tokens, reference[:2], reference_length[:2], max_frames=15)
+    assert capped.numpy().tolist() == [15, 15]
 
 
-def test_generation_runs_to_max_frames_when_the_stop_head_is_forced_low(model, prompt):
-    tokens, reference, lengths = prompt
-    _force_stop(model, [-10.0] * 4)
-    mel, length = generate(model, tokens, reference[:2], lengths[:2], max_frames=MAX_FRAMES)
-    assert length.numpy().tolist() == [MAX_FRAMES, MAX_FRAMES]
-    assert mel.shape == (2, MAX_FRAMES, N_MELS)
-    assert np.all(np.isfinite(mel.numpy()))
-
-
-def test_length_ends_at_the_first_frame_over_the_threshold(model, prompt):
-    tokens, reference, lengths = prompt
-    # Within each group of r = 4 frames only the third may stop: 0.5 < sigmoid(0.2) < 0.6.
-    _force_stop(model, [-10.0, -10.0, 0.2, 10.0])
-    _, length = generate(model, tokens, reference[:2], lengths[:2], max_frames=MAX_FRAMES, stop_threshold=0.5)
-    assert length.numpy().tolist() == [3, 3]
-    _, length = generate(model, tokens, reference[:2], lengths[:2], max_frames=MAX_FRAMES, stop_threshold=0.6)
-    assert length.numpy().tolist() == [4, 4]
-
-
-class ScriptedSpeaker:
-    """Stands in for XTTS in the decoding loop: speaks a fixed log-mel energy per frame (one
-    row per batch row) and never fires its stop head, so only the silence rule can end a row."""
-
-    reduction_factor = 4
-    n_mels = 3
-
-    def __init__(self, energies):
-        self.energies = tf.constant(energies, tf.float32)  # [B, frames]
-
-    def decode(self, latents, tokens, text_length, mel, training=False):
-        frames = tf.shape(mel)[1]
-        energy = self.energies[:, :frames]
-        mel_before = tf.tile(energy[:, :, None], [1, 1, self.n_mels]) - tf.constant([0.0, 3.0, 5.0])  # loudest band first
-        return {"mel_before": mel_before, "stop_logits": tf.fill(tf.shape(energy), -10.0)}
-
-
-def test_a_silence_after_speech_ends_the_row_where_it_began():
-    loud, quiet, frames = 1.0, -8.0, 48
-    speaks_then_stops = [loud] * 13 + [quiet] * (frames - 13)  # silent from frame 13 on
-    pauses = [loud] * 8 + [quiet] * 9 + [loud] * 8 + [quiet] * 9 + [loud] * (frames - 34)  # pauses shorter than 10
-    starts_silent = [quiet] * frames  # never louder than itself: not a silence after speech
-    speaker = ScriptedSpeaker([speaks_then_stops, pauses, starts_silent])
-    tokens = tf.constant([[2, 5, 3]] * 3)
-    rule = {"silence_frames": 10, "silence_depth": 6.9}  # 60 dB of a magnitude mel
-    _, length = autoregress(speaker, tf.zeros([3, 1, 2]), tokens, tf.constant([3, 3, 3]), frames, **rule)
-    assert length.numpy().tolist() == [13, frames, frames]
-    # A shallower drop than the depth is not silence; and with the rule off nothing stops.
-    _, length = autoregress(speaker, tf.zeros([3, 1, 2]), tokens, tf.constant([3, 3, 3]), frames,
-                            silence_frames=10, silence_depth=9.5)
-    assert length.numpy().tolist() == [frames] * 3
-    _, length = autoregress(speaker, tf.zeros([3, 1, 2]), tokens, tf.constant([3, 3, 3]), frames)
-    assert length.numpy().tolist() == [frames] * 3
-
-
-def test_end_silence_is_the_trimming_threshold_in_log_mel_units():
-    rule = end_silence(DataConfig(trim_silence_db=60.0))
-    assert rule["silence_depth"] == pytest.approx(3 * math.log(10))  # 60 dB of magnitude: a factor 1000
-    assert rule["silence_frames"] == round(0.5 * DataConfig().frames_per_second)
-    assert end_silence(DataConfig(trim_silence_db=60.0, power=2.0))["silence_depth"] == pytest.approx(6 * math.log(10))
-    assert end_silence(DataConfig(trim_silence_db=0.0))["silence_frames"] == 0  # untrimmed clips: stop head only
-
-
-def test_each_step_matches_teacher_forcing_on_the_generated_frames(model, prompt):
-    """The loop is autoregressive: decoding the finished mel with teacher forcing reproduces it."""
-    tokens, reference, lengths = prompt
-    _force_stop(model, [-10.0] * 4)
-    text_length = tf.reduce_sum(tf.cast(tokens != 0, tf.int32), axis=1)
-    latents = model.conditioning_latents(reference[:2], lengths[:2])
-    mel, length = autoregress(model, latents, tokens, text_length, MAX_FRAMES)
-    assert mel.shape == (2, MAX_FRAMES, N_MELS)
-    replayed = model.decode(latents, tokens, text_length, mel)["mel_before"]
-    np.testing.assert_allclose(replayed.numpy(), mel.numpy(), atol=1e-4)
-    # And the frames are not a constant: each group depends on what came before.
-    assert np.abs(mel[:, 4:8] - mel[:, 0:4]).max() > 1e-3
+def test_synthesis_is_the_decoder_on_the_predicted_durations(model, prompt):
+    """generate = encode, predict durations, decode: the same functions training uses."""
+    tokens, reference, reference_length = prompt
+    mel, length = generate(model, tokens, reference[:2], reference_length[:2])
+    text_length = tf.constant([7, 5])
+    voice = model.voice(reference[:2], reference_length[:2])
+    text = model.encode_text(tokens, text_length, voice)
+    durations = tf.where(tf.sequence_mask(text_length, 8), 3, 0)
+    expected = model.decode(text, durations, 21, length)
+    np.testing.assert_allclose(mel.numpy(), expected.numpy(), atol=1e-5)
 
 
 def test_averaged_references_make_one_voice_for_every_row(model, prompt):
-    tokens, reference, lengths = prompt
-    _force_stop(model, [-10.0] * 4)
-    averaged, _ = generate(model, tokens, reference, lengths, max_frames=MAX_FRAMES, average_references=True)
-    latents = tf.reduce_mean(model.conditioning_latents(reference, lengths), axis=0, keepdims=True)
-    explicit, _ = generate(model, tokens, None, None, max_frames=MAX_FRAMES, latents=latents)
-    np.testing.assert_allclose(averaged.numpy(), explicit.numpy(), atol=1e-5)
-    single, _ = generate(model, tokens, reference[:2], lengths[:2], max_frames=MAX_FRAMES)
-    assert np.abs(single.numpy() - averaged.numpy()).max() > 1e-3
-
-
-# --------------------------------------------------------------------------------------------------
-# Griffin-Lim
+    tokens, reference, reference_length = prompt
+    same_text = tf.stack([tokens[0], tokens[0]])
+    mel, _ = generate(model, same_text, reference, reference_length, average_references=True)
+    np.testing.assert_allclose(mel[0], mel[1], atol=1e-5)
+    voice = model.voice(reference, reference_length, average=True)
+    from_voice, _ = generate(model, same_text, voice=voice)
+    np.testing.assert_allclose(from_voice.numpy(), mel.numpy(), atol=1e-5)
+    alone, _ = generate(model, same_text[:1], reference[:1], reference_length[:1])
+    assert np.abs(alone[0] - mel[0]).max() > 1e-4  # one clip is another voice than three averaged
 
 
 def _voiced_signal(c: DataConfig, seconds=1.0):

@@ -1,24 +1,23 @@
-"""How long does a trained run speak each validation sentence, next to its recording?
+#!/usr/bin/env python3
+"""Does a trained run say its sentences? Every validation sentence spoken from its text alone, measured.
 
-    python utilities/free_running_check.py --run runs/demo [--max-seconds 12]
+    python utilities/free_running_check.py --run runs/demo [--sentences 24] [--json report.json]
 
-For every validation clip of the run: free-running synthesis of its text in its own voice (the
-same reference clip as in training), stopping as synthesis does (the stop head says p > 0.5, or
-the frames have gone silent: `inference.end_silence`), what ended it, and the ratio of that
-length to the recording's (trimmed) length. Teacher-forced losses say how well the model
-predicts the next frames; this says whether it can pace itself through a text on its own, which is
-what the demo's "speech-shaped" check asks (a ratio between 0.5 and 2).
+For each validation clip of the run: synthesis of its text in its own voice (another clip of the
+speaker as the reference, durations predicted, nothing taken from the recording), Griffin-Lim, and
+an offline recognizer (pocketsphinx, with a language model of the corpus's own sentences). Printed:
 
-Then whether a synthesis says *its* sentence: its dynamic-time-warping distance (mean L1 between
-log-mel frames along the best alignment) to every validation recording of the same voice. Content
-shows as the synthesis lying nearest its own recording more often than a constant frame does (the
-synthesis' mean frame, at the synthesis' length): that baseline has the voice and the length but no
-syllables, so it shows how often timbre and length alone pick the right recording.
+- the word error rate of the syntheses, beside the recordings' own WER through the same log-mel
+  and Griffin-Lim (the ceiling: what the recognizer makes of perfect features), per sentence too;
+- the length of each synthesis against its recording's (trimmed) length;
+- where the demo corpus's espeak-ng phoneme timings exist: how far the model's learned alignment
+  puts each phoneme's start from where espeak-ng started it (median and 90th percentile, ms).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from pathlib import Path
@@ -28,90 +27,66 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     epilog=__doc__.split("\n\n", 1)[1])
     parser.add_argument("--run", required=True, help="a training run folder (its --output-dir)")
-    parser.add_argument("--max-seconds", type=float, default=None, help="decoding limit (default: the longest bucket)")
+    parser.add_argument("--checkpoint", default=None, help="checkpoint prefix (default: the run's best_wer, else best_mel, else latest)")
+    parser.add_argument("--sentences", type=int, default=0, help="measure only the first N validation sentences (default: all)")
+    parser.add_argument("--json", default=None, help="also write the report to this JSON file")
     args = parser.parse_args(argv)
 
     import numpy as np
 
-    from myxtts.data.pipeline import build_dataset
-    import tensorflow as tf
-
-    from myxtts.models.inference import autoregress, end_silence
+    from myxtts.evaluation.intelligibility import IntelligibilityScorer, skip_reason
+    from myxtts.evaluation.speech import HeldOutSentences, alignment_errors, recordings_wer
     from myxtts.models.synthesizer import Synthesizer
     from myxtts.training.checkpoints import CheckpointError
-    from myxtts.training.trainer import load_splits
+    from myxtts.training.trainer import load_splits, prepare_text
 
     try:
-        synthesizer = Synthesizer.from_run(args.run)
+        synthesizer = Synthesizer.from_run(args.run, args.checkpoint)
     except (FileNotFoundError, CheckpointError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     config, network = synthesizer.config, synthesizer.network
-    d = config.data
-    max_frames = d.bucket_mel_lengths[-1]
-    if args.max_seconds:
-        max_frames = min(max_frames, int(args.max_seconds * d.frames_per_second))
-    _, val_rows = load_splits(config)
-    rule = end_silence(d)
-    ratios, ended_by_model, own_nearest, constant_nearest, rivals = [], [], 0, 0, []
-    for speaker in sorted({u.speaker for u in val_rows}):
-        # One voice per stream: each synthesis is compared with the recordings of its own voice.
-        rows = [u for u in val_rows if u.speaker == speaker]
-        spoken, recorded = [], []
-        for batch in build_dataset(config, rows, training=False, vocabulary=synthesizer.vocabulary):
-            latents = network.conditioning_latents(batch["reference_mel"], batch["reference_length"])
-            mel, length = autoregress(network, latents, batch["tokens"], batch["text_length"], max_frames, **rule)
-            # Which rule ended a row: one teacher-forced pass over the generated frames replays the
-            # loop's stop probabilities exactly (causality), so the stop head ended it if its last
-            # frame is over the threshold; otherwise the frames had gone silent.
-            stop = tf.sigmoid(network.decode(latents, batch["tokens"], batch["text_length"], mel)["stop_logits"]).numpy()
-            for row, (n, m) in enumerate(zip(length.numpy(), batch["mel_length"].numpy())):
-                spoken.append(mel[row, :n].numpy())
-                recorded.append(batch["mel"][row, :m].numpy())
-                ratios.append(n / m)
-                ended_by_model.append(n < max_frames)
-                if n == max_frames:
-                    ended = "hit the limit"
-                elif stop[row, n - 1] > 0.5:
-                    ended = "stop head"
-                else:
-                    ended = "went silent"
-                print(f"{speaker}: recording {m:4d} frames, synthesis {n:4d} ({ended}): ratio {n / m:.2f}")
-        for i, synthesis in enumerate(spoken):
-            constant = np.broadcast_to(synthesis.mean(axis=0), synthesis.shape)
-            own_nearest += int(np.argmin([dtw_distance(synthesis, r) for r in recorded]) == i)
-            constant_nearest += int(np.argmin([dtw_distance(constant, r) for r in recorded]) == i)
-            rivals.append(len(recorded))
-    ratios, by_model = np.array(ratios), np.array(ended_by_model, bool)
-    within = (ratios >= 0.5) & (ratios <= 2.0)
-    print(f"content: {own_nearest} of {len(ratios)} syntheses lie nearest their own recording among their voice's "
-          f"{min(rivals)}-{max(rivals)} recordings (DTW); a constant frame of the same length and mean: "
-          f"{constant_nearest}; chance: {sum(1 / k for k in rivals):.1f}")
-    # A sentence cut by the limit says nothing about pacing, even when the limit is within 2x.
-    print(f"{int(np.sum(within & by_model))} of {len(ratios)} validation sentences ended by the model within 2x of "
-          f"their recording's length ({int(np.sum(by_model))} ended by the model, {int(np.sum(~by_model))} at the "
-          f"decoding limit); median ratio {np.median(ratios):.2f}")
+    train_rows, val_rows = load_splits(config)
+    train_rows, val_rows, _ = prepare_text(config, Path(args.run), train_rows, val_rows)
+    rows = val_rows[: args.sentences] if args.sentences else val_rows
+    sentences = HeldOutSentences.from_rows(rows, train_rows, synthesizer.vocabulary, config)
+    report = {"run": str(args.run), "sentences": len(rows)}
+
+    reason = skip_reason(config.data.language)
+    if reason:
+        print(f"intelligibility: {reason}")
+        mels = sentences.synthesize(network)
+        ratios = [len(m) / max(n, 1) for m, n in zip(mels, sentences.recorded_frames)]
+    else:
+        scorer = IntelligibilityScorer([u.text for u in train_rows + val_rows], config.data.language)
+        spoken = sentences.measure(network, scorer)
+        ceiling = recordings_wer(rows, config.data, scorer)
+        ratios = [len(m) / max(n, 1) for m, n in zip(spoken.mels, sentences.recorded_frames)]
+        for row, ratio in zip(spoken.rows, ratios):
+            print(f"{row.errors:2d}/{row.words:2d} words wrong, length x{ratio:.2f}: {row.reference!r} -> heard {row.hypothesis!r}")
+        print(f"syntheses:  {spoken.summary}")
+        print(f"recordings: {ceiling.summary()} (the same log-mel and Griffin-Lim: the ceiling)")
+        report.update(wer=spoken.wer, recordings_wer=ceiling.wer,
+                      per_sentence=[{"text": r.reference, "heard": r.hypothesis, "errors": r.errors, "words": r.words}
+                                    for r in spoken.rows])
+    print(f"length: synthesis / recording median {np.median(ratios):.2f} (range {min(ratios):.2f}-{max(ratios):.2f})")
+    report.update(length_ratio_median=float(np.median(ratios)), length_ratio_min=float(min(ratios)),
+                  length_ratio_max=float(max(ratios)))
+
+    aligned = alignment_errors(network, rows, synthesizer.vocabulary, config.data)
+    if aligned["clips"]:
+        print(f"alignment: phoneme starts found by the model vs espeak-ng's, {aligned['phonemes']} phonemes in "
+              f"{aligned['clips']} clips: median {aligned['median_ms']:.0f} ms, 90th percentile {aligned['p90_ms']:.0f} ms "
+              f"({aligned['skipped']} clips without matching timing files skipped)")
+    else:
+        print("alignment: no clip has an espeak-ng timing file matching its phonemes (only the demo corpus has them)")
+    report["alignment"] = aligned
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     return 0
-
-
-def dtw_distance(a, b) -> float:
-    """Dynamic time warping between frame sequences a [n, bins] and b [m, bins]: the least total
-    L1 frame distance (mean over bins) along a monotonic alignment, divided by n + m.
-
-    One numpy pass per row of a: the cell (i, j) costs c(i, j) plus the least of its three
-    neighbours; the horizontal neighbour chain within a row is a running minimum of
-    (diagonal-or-vertical total - cumulative cost), so no Python loop runs over j."""
-    import numpy as np
-
-    cost = np.abs(a[:, None, :] - b[None, :, :]).mean(axis=-1)  # [n, m]
-    previous = np.cumsum(cost[0])
-    for i in range(1, len(a)):
-        from_above = np.minimum(previous, np.concatenate([[np.inf], previous[:-1]])) + cost[i]
-        running = np.cumsum(cost[i])
-        previous = running + np.minimum.accumulate(from_above - running)
-    return float(previous[-1] / (len(a) + len(b)))
 
 
 if __name__ == "__main__":

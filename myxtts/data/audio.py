@@ -228,6 +228,12 @@ def trim_silence(samples, top_db: float, frame_length: int = 2048, hop_length: i
     the last one's), so a corpus trimmed here matches one trimmed with librosa. Like librosa's, the
     threshold is relative: a clip of pure digital silence is its own loudest frame and stays whole.
     """
+    start, end = silence_bounds(samples, top_db, frame_length, hop_length)
+    return samples[start:end]
+
+
+def silence_bounds(samples, top_db: float, frame_length: int = 2048, hop_length: int = 512):
+    """(start, end) int32 scalars: the span of `samples` that `trim_silence` keeps."""
     half = frame_length // 2
     frames = tf.signal.frame(tf.pad(samples, [[half, half]]), frame_length, hop_length)  # [F, frame_length]
     rms = tf.maximum(tf.sqrt(tf.reduce_mean(tf.square(frames), axis=-1)), 1e-5)  # 1e-5: librosa's amin
@@ -238,7 +244,7 @@ def trim_silence(samples, top_db: float, frame_length: int = 2048, hop_length: i
     last = tf.reduce_max(tf.concat([loud, [-1]], 0))
     start = tf.minimum(first * hop_length, tf.size(samples))
     end = tf.maximum(start, tf.minimum((last + 1) * hop_length, tf.size(samples)))
-    return samples[start:end]
+    return start, end
 
 
 def peak_normalize(samples, peak: float) -> tf.Tensor:

@@ -143,17 +143,19 @@ class EspeakLibrary:
                 self.voice = name
             return status
 
-    def text_to_phonemes(self, text: str) -> list[str]:
+    def text_to_phonemes(self, text: str, separator: str = "") -> list[str]:
         """IPA phonemes of `text` in the current voice's language: one string per clause espeak-ng
         finds (it ends clauses at punctuation followed by a space, and after a long run of words).
-        The clause punctuation itself is not part of the result."""
+        The clause punctuation itself is not part of the result. A `separator` character is
+        written between the phonemes of a word ("w|ˈɜː|l|d"); a phoneme keeps its stress mark."""
+        mode = PHONEMES_IPA | (ord(separator) << 8 if separator else 0)
         buffer = ctypes.create_string_buffer(text.encode("utf-8"))
         pointer = ctypes.c_void_p(ctypes.addressof(buffer))
         clauses = []
         with self.lock:
             # espeak advances the pointer past each clause and sets it to NULL after the last one.
             while pointer.value:
-                result = self._lib.espeak_TextToPhonemes(ctypes.byref(pointer), CHARS_UTF8, PHONEMES_IPA)
+                result = self._lib.espeak_TextToPhonemes(ctypes.byref(pointer), CHARS_UTF8, mode)
                 clauses.append(result.decode("utf-8") if result else "")
         return clauses
 

@@ -1,13 +1,15 @@
 """The text front end: text -> IPA phonemes with espeak-ng, once, in Python, before any graph.
 
-    phonemize("Hello, world!", "en-us")  ->  "həlˈoʊ, wˈɜːld!"
+    phonemize("Hello, world!", "en-us")  ->  "h|ə|l|ˈoʊ|, w|ˈɜː|l|d|!"
 
 With `data.text_frontend: phonemes` (the default) the model reads phonemes, not letters, so it
 does not have to learn a language's spelling, and any language espeak-ng speaks (`data.language`:
 en-us, fa, ko, de, ...) trains the same way. The string keeps what the audio follows:
 
-* words separated by single spaces, with espeak-ng's stress marks (ˈ primary, ˌ secondary);
-* the clause punctuation , . ? ! ; : right after the clause it ends, because pauses and
+* one symbol per phoneme, "|" between the phonemes of a word (espeak-ng's own division: "aɪ" and
+  "tʃ" are one phoneme each), each vowel with its stress mark (ˈ primary, ˌ secondary) and length;
+* words separated by single spaces;
+* the clause punctuation , . ? ! ; : as a symbol after the clause it ends, because pauses and
   intonation follow it (Persian ، ؟ ؛, full-width and CJK marks are written as their ASCII
   equivalents, an ellipsis as "."); other punctuation is dropped, as espeak-ng drops it.
 
@@ -34,10 +36,11 @@ from pathlib import Path
 
 from myxtts.data.espeak import library
 from myxtts.data.manifest import Utterance
+from myxtts.data.text import PHONEME_SEPARATOR
 from myxtts.progress import ProgressLine
 
 # Bump when the strings `phonemize` makes change for the same espeak-ng, so caches are redone.
-FRONTEND_VERSION = 1
+FRONTEND_VERSION = 2
 # Every mark that ends a clause, and the ASCII mark it is written as.
 _CLAUSE_MARKS = {
     ",": ",", "،": ",", "、": ",", "，": ",",
@@ -68,10 +71,11 @@ def phonemize(text: str, language: str) -> str:
         _select(espeak, language, "data.language")
         clauses = []
         for clause, mark in _split_clauses(" ".join(text.split())):
-            phonemes = " ".join(_LANGUAGE_SWITCH.sub("", part) for part in espeak.text_to_phonemes(clause))
-            phonemes = " ".join(phonemes.split())
+            parts = espeak.text_to_phonemes(clause, separator=PHONEME_SEPARATOR)
+            phonemes = " ".join(_LANGUAGE_SWITCH.sub("", part) for part in parts)
+            phonemes = " ".join(word.strip(PHONEME_SEPARATOR) for word in phonemes.split())
             if phonemes:  # a clause of symbols only says nothing, and so ends nothing
-                clauses.append(phonemes + mark)
+                clauses.append(phonemes + (PHONEME_SEPARATOR + mark if mark else ""))
     return " ".join(clauses)
 
 

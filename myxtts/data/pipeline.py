@@ -16,7 +16,7 @@ A batch is a dict:
                      (with data.mel_on_device: `audio` float32 [batch, (frames - 1) * hop] instead,
                      zero-padded, which `mel_from_audio` turns into `mel` inside the compiled step)
     mel_length       int32   [batch]                   true frame counts (mask with these)
-    tokens           int32   [batch, text_length]      BOS model-text EOS, padded with PAD_ID
+    tokens           int32   [batch, text_length]      one id per symbol of the model text, padded with PAD_ID
     text_length      int32   [batch]
     reference_mel    float32 [batch, ref_frames, n_mels]  another clip of the same speaker
     reference_length int32   [batch]
@@ -143,11 +143,16 @@ def _decode(row, c: DataConfig, table) -> dict:
 
 
 def within_limits(example, c: DataConfig) -> tf.Tensor:
-    """Whether a decoded clip fits `data.min/max_duration_s` and the longest text bucket."""
+    """Whether a decoded clip fits `data.min/max_duration_s` and the longest text bucket, and has
+    at least as many mel frames as tokens (the alignment gives every token a frame of its own)."""
     num_samples = tf.shape(example["samples"])[0]
-    return tf.logical_and(
-        tf.logical_and(num_samples >= int(c.min_duration_s * c.sample_rate), num_samples <= int(c.max_duration_s * c.sample_rate)),
-        tf.shape(example["tokens"])[0] <= c.bucket_text_lengths[-1],
+    num_tokens = tf.shape(example["tokens"])[0]
+    return (
+        (num_samples >= int(c.min_duration_s * c.sample_rate))
+        & (num_samples <= int(c.max_duration_s * c.sample_rate))
+        & (num_tokens <= c.bucket_text_lengths[-1])
+        & (num_tokens >= 1)
+        & (1 + num_samples // c.hop_length >= num_tokens)
     )
 
 

@@ -1,9 +1,15 @@
-"""Tokenisation in TensorFlow ops (tf.strings + tf.lookup): one token per character of the model text.
+"""Tokenisation in TensorFlow ops (tf.strings + tf.lookup): model text -> symbols -> ids.
 
-The model text is what `data.text_frontend` makes of a transcript: with `phonemes` (the default)
-its IPA string from `phonemes.py`, made once in Python and read here as it is (stress marks,
-punctuation and case are meaning, so nothing is folded); with `characters` the transcript itself,
-normalised here (lower case, one spelling of quotes and dashes).
+The model text is what `data.text_frontend` makes of a transcript:
+
+* `phonemes` (the default): its phoneme string from `phonemes.py`, made once in Python, one symbol
+  per phoneme: "w|ˌaɪ k|ˈʊ|d" is the symbols w, ˌaɪ, " ", k, ˈʊ, d ("|" separates the phonemes of
+  a word, a space is itself a symbol, the word boundary). A phoneme keeps its stress mark and
+  length mark, so every symbol is a sound the aligner can find in the audio (stress marks as
+  symbols of their own were measured to become catch-alls that absorb whole words). Nothing is
+  folded: stress, punctuation and case are meaning.
+* `characters`: the transcript itself, normalised here (lower case, one spelling of quotes and
+  dashes), one symbol per character.
 
 The vocabulary is built once from the training set's model texts (through the same graph function
 that runs in the pipeline, so the two can never disagree) and saved with the run; synthesis loads
@@ -18,9 +24,11 @@ from pathlib import Path
 import tensorflow as tf
 
 TEXT_FRONTENDS = ("phonemes", "characters")
-PAD, UNK, BOS, EOS = "<pad>", "<unk>", "<bos>", "<eos>"
-SPECIAL_TOKENS = (PAD, UNK, BOS, EOS)
-PAD_ID, UNK_ID, BOS_ID, EOS_ID = range(4)
+PAD, UNK = "<pad>", "<unk>"
+SPECIAL_TOKENS = (PAD, UNK)
+PAD_ID, UNK_ID = range(2)
+# Between the phonemes of a word in a phoneme string (espeak-ng writes it there for us).
+PHONEME_SEPARATOR = "|"
 
 # Typographic variants folded to one ASCII spelling so "don’t" and "don't" share tokens.
 TEXT_REPLACEMENTS = (
@@ -49,25 +57,43 @@ def model_text_tensor(text, frontend: str) -> tf.Tensor:
     raise ValueError(f"data.text_frontend must be one of {', '.join(TEXT_FRONTENDS)}, got {frontend!r}")
 
 
-class Vocabulary:
-    """Characters <-> ids; ids 0-3 are the special tokens pad, unk, bos, eos."""
+def symbols(model_text, frontend: str) -> tf.Tensor:
+    """The symbols of model texts: [n] strings for a scalar, a ragged [batch, None] for a vector."""
+    text = model_text_tensor(model_text, frontend)
+    if frontend == "characters":
+        return tf.strings.unicode_split(text, "UTF-8")
+    # "a|b c" -> "a|b| |c" -> a, b, " ", c; empty pieces (a doubled separator) are dropped.
+    pieces = tf.strings.split(tf.strings.regex_replace(text, " ", PHONEME_SEPARATOR + " " + PHONEME_SEPARATOR),
+                              PHONEME_SEPARATOR)
+    return tf.ragged.boolean_mask(pieces, tf.strings.length(pieces) > 0)
 
-    def __init__(self, characters):
-        self.characters = list(characters)
-        self.tokens = list(SPECIAL_TOKENS) + self.characters
+
+def split_symbols(model_text: str, frontend: str) -> list[str]:
+    """`symbols` in Python, for one string."""
+    if frontend == "characters":
+        return list(model_text)
+    return [piece for piece in model_text.replace(" ", f"{PHONEME_SEPARATOR} {PHONEME_SEPARATOR}").split(PHONEME_SEPARATOR)
+            if piece]
+
+
+class Vocabulary:
+    """Symbols <-> ids; ids 0 and 1 are the special tokens pad and unk."""
+
+    def __init__(self, symbols):
+        self.symbols = list(symbols)
+        self.tokens = list(SPECIAL_TOKENS) + self.symbols
 
     def __len__(self) -> int:
         return len(self.tokens)
 
     @classmethod
     def from_texts(cls, texts, *, frontend: str) -> "Vocabulary":
-        """Every character that occurs in the model texts (`phonemes.model_texts`), sorted."""
+        """Every symbol that occurs in the model texts (`phonemes.model_texts`), sorted."""
         texts = list(texts)
         if not texts:
             raise ValueError("cannot build a vocabulary from no transcripts")
-        characters = tf.strings.unicode_split(model_text_tensor(tf.constant(texts), frontend), "UTF-8").flat_values
-        unique = sorted({c.decode("utf-8") for c in tf.unique(characters).y.numpy()})
-        return cls(unique)
+        found = symbols(tf.constant(texts), frontend).flat_values
+        return cls(sorted({s.decode("utf-8") for s in tf.unique(found).y.numpy()}))
 
     def save(self, path: str | os.PathLike) -> None:
         # One token per line; a space is a legal character, so lines are not stripped when read.
@@ -84,22 +110,21 @@ class Vocabulary:
         return cls(tokens[len(SPECIAL_TOKENS) :])
 
     def lookup_table(self) -> tf.lookup.StaticHashTable:
-        keys = tf.constant(self.characters, tf.string)
+        keys = tf.constant(self.symbols, tf.string)
         values = tf.range(len(SPECIAL_TOKENS), len(self.tokens), dtype=tf.int32)
         return tf.lookup.StaticHashTable(tf.lookup.KeyValueTensorInitializer(keys, values), default_value=UNK_ID)
 
     def decode(self, ids) -> str:
+        """The symbols of `ids` written one after the other (readable IPA for phonemes); pad and unk dropped."""
         return "".join(self.tokens[i] for i in ids if i >= len(SPECIAL_TOKENS))
 
-    def encode(self, model_text: str) -> list[int]:
+    def encode(self, model_text: str, frontend: str) -> list[int]:
         """The ids `tokenize` gives, computed in Python, for a string that needs no normalising
         (a phoneme string, or characters already normalised)."""
-        index = {character: i for i, character in enumerate(self.tokens) if i >= len(SPECIAL_TOKENS)}
-        return [BOS_ID] + [index.get(character, UNK_ID) for character in model_text] + [EOS_ID]
+        index = {symbol: i for i, symbol in enumerate(self.tokens) if i >= len(SPECIAL_TOKENS)}
+        return [index.get(symbol, UNK_ID) for symbol in split_symbols(model_text, frontend)]
 
 
 def tokenize(text, table: tf.lookup.StaticHashTable, *, frontend: str) -> tf.Tensor:
-    """One model text (scalar string) -> int32 ids [length] framed by BOS and EOS."""
-    characters = tf.strings.unicode_split(model_text_tensor(text, frontend), "UTF-8")
-    ids = table.lookup(characters)
-    return tf.concat([[BOS_ID], ids, [EOS_ID]], axis=0)
+    """One model text (scalar string) -> int32 ids [length], one per symbol."""
+    return table.lookup(symbols(text, frontend))

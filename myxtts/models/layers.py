@@ -1,4 +1,4 @@
-"""The transformer pieces the model is built from: attention, a pre-norm block, the mel prenet and postnet.
+"""The pieces the model is built from: attention, a pre-norm transformer block, a masked conv block.
 
 All layers compute in the layer's dtype policy (bfloat16 or float16 under mixed precision) except
 the attention softmax, which runs in float32: its large negative mask values and the exponentials
@@ -45,27 +45,6 @@ def sinusoidal_code(positions, depth: int) -> tf.Tensor:
     rates = tf.exp(-math.log(10000.0) * tf.range(0, depth, 2, dtype=tf.float32) / depth)  # [depth / 2]
     angles = positions[..., None] * rates
     return tf.concat([tf.sin(angles), tf.cos(angles)], axis=-1)[..., :depth]
-
-
-# Periods, in frames per text token, of the progress code's sine/cosine pairs: from a fraction of
-# a typical character (about 6 frames at 86 frames/s) to several times the slowest speech.
-PROGRESS_PERIODS = (1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0)
-PROGRESS_FEATURES = 2 * len(PROGRESS_PERIODS) + 1
-
-
-def progress_code(positions, reduction_factor: int, text_length) -> tf.Tensor:
-    """How far each mel position is into its text: [B, P, PROGRESS_FEATURES] float32.
-
-    The measure is u = frames before the position's group / the text's tokens, frames spoken per
-    token so far. A sentence ends near the same u whatever its length (a speaker's rate), so the
-    stop head and the decoder can read "nearly done" from it from the first updates, where
-    absolute positions alone would have to be related to the text's length by attention first.
-    Coded as sin/cos of 2 pi u / period for PROGRESS_PERIODS plus u / 64 itself.
-    """
-    frames = tf.cast(tf.range(positions) * reduction_factor, tf.float32)  # [P]
-    per_token = frames[None, :] / tf.cast(tf.maximum(text_length, 1), tf.float32)[:, None]  # [B, P]
-    angles = per_token[..., None] * (2.0 * math.pi / tf.constant(PROGRESS_PERIODS))  # [B, P, periods]
-    return tf.concat([tf.sin(angles), tf.cos(angles), per_token[..., None] / PROGRESS_PERIODS[-1]], axis=-1)
 
 
 class Attention(keras.layers.Layer):
@@ -126,7 +105,31 @@ class Attention(keras.layers.Layer):
         return config
 
 
-class TransformerBlock(keras.layers.Layer):
+class ResidualBlock(keras.layers.Layer):
+    """The dropout both block kinds share: one Dropout layer whose seed can be drawn outside a
+    recomputed (gradient-checkpointed) call and passed back in, so the recomputation drops the
+    same units as the forward pass."""
+
+    def __init__(self, dropout: float = 0.0, **kwargs):
+        super().__init__(**kwargs)
+        self.dropout = dropout
+        self.residual_dropout = keras.layers.Dropout(dropout)
+
+    def draw_dropout_seed(self):
+        """A fresh [2] seed from the block's Dropout layer's generator (seeded, like any Keras
+        dropout, by `keras.utils.set_random_seed`)."""
+        return self.residual_dropout.seed_generator.next()
+
+    def _dropout(self, x, training, seed, index: int):
+        if seed is None:
+            return self.residual_dropout(x, training=training)
+        if not training or self.dropout == 0.0:
+            return x
+        seed = tf.random.experimental.stateless_fold_in(tf.cast(seed, tf.int64), index)  # one mask per use
+        return tf.nn.experimental.stateless_dropout(x, rate=self.dropout, seed=seed)
+
+
+class TransformerBlock(ResidualBlock):
     """Pre-norm block: x + Attention(LN(x)), then x + FeedForward(LN(x)).
 
     Pre-norm keeps gradients well scaled at init without a learning-rate warm-up tuned per depth.
@@ -135,11 +138,10 @@ class TransformerBlock(keras.layers.Layer):
 
     def __init__(self, d_model: int, num_heads: int, ff_multiplier: int = 4, dropout: float = 0.0,
                  cross_attention: bool = False, **kwargs):
-        super().__init__(**kwargs)
+        super().__init__(dropout, **kwargs)
         self.d_model = d_model
         self.num_heads = num_heads
         self.ff_multiplier = ff_multiplier
-        self.dropout = dropout
         self.cross_attention = cross_attention
         self.attention_norm = keras.layers.LayerNormalization(epsilon=1e-5, name="attention_norm")
         self.context_norm = (
@@ -149,7 +151,6 @@ class TransformerBlock(keras.layers.Layer):
         self.ff_norm = keras.layers.LayerNormalization(epsilon=1e-5, name="ff_norm")
         self.ff_in = keras.layers.Dense(ff_multiplier * d_model, activation="gelu", name="ff_in")
         self.ff_out = keras.layers.Dense(d_model, name="ff_out")
-        self.residual_dropout = keras.layers.Dropout(dropout)
 
     def build(self, input_shape):
         shape = [None, None, self.d_model]
@@ -173,19 +174,6 @@ class TransformerBlock(keras.layers.Layer):
         hidden = self.ff_out(self.ff_in(self.ff_norm(x)))
         return x + self._dropout(hidden, training, dropout_seed, 1)
 
-    def draw_dropout_seed(self):
-        """A fresh [2] seed from the block's Dropout layer's generator (seeded, like any Keras
-        dropout, by `keras.utils.set_random_seed`)."""
-        return self.residual_dropout.seed_generator.next()
-
-    def _dropout(self, x, training, seed, index: int):
-        if seed is None:
-            return self.residual_dropout(x, training=training)
-        if not training or self.dropout == 0.0:
-            return x
-        seed = tf.random.experimental.stateless_fold_in(tf.cast(seed, tf.int64), index)  # one mask per use
-        return tf.nn.experimental.stateless_dropout(x, rate=self.dropout, seed=seed)
-
     def get_config(self):
         config = super().get_config()
         config.update(d_model=self.d_model, num_heads=self.num_heads, ff_multiplier=self.ff_multiplier,
@@ -193,85 +181,84 @@ class TransformerBlock(keras.layers.Layer):
         return config
 
 
-class MelPrenet(keras.layers.Layer):
-    """Teacher-forcing input of the mel positions: position p sees the r frames of group p - 1.
+class ConvBlock(ResidualBlock):
+    """Pre-norm residual convolution over time: x + Dense(ReLU(Conv1D_k(LN(x)))), zero past `keep`.
 
-    Input: normalised mel grouped r frames per position [B, P, r * n_mels]. Output [B, P, d]: a
-    learned start vector at position 0, then the embedded groups 0..P-2 (shifted right by one).
+    The decoder's block: speech frames depend mostly on their neighbourhood, and a stack of these
+    with growing dilation sees a few hundred milliseconds at a fraction of attention's cost over
+    hundreds of frames. Inputs and outputs are zeroed on padded steps, so no padding leaks into
+    valid steps through the kernel and the result does not depend on how much padding follows.
     """
 
-    def __init__(self, d_model: int, group_size: int, dropout: float = 0.0, **kwargs):
-        super().__init__(**kwargs)
+    def __init__(self, d_model: int, kernel_size: int = 5, dilation: int = 1, dropout: float = 0.0, **kwargs):
+        super().__init__(dropout, **kwargs)
         self.d_model = d_model
-        self.group_size = group_size
-        self.dropout = dropout
-        self.hidden = keras.layers.Dense(d_model, activation="gelu", name="hidden")
+        self.kernel_size = kernel_size
+        self.dilation = dilation
+        self.norm = keras.layers.LayerNormalization(epsilon=1e-5, name="norm")
+        self.conv = keras.layers.Conv1D(d_model, kernel_size, padding="same", dilation_rate=dilation,
+                                        activation="relu", name="conv")
         self.projection = keras.layers.Dense(d_model, name="projection")
-        self.input_dropout = keras.layers.Dropout(dropout)
 
     def build(self, input_shape):
-        self.hidden.build([None, None, self.group_size])
-        self.projection.build([None, None, self.d_model])
-        self.start = self.add_weight(
-            shape=[self.d_model], initializer=keras.initializers.RandomNormal(stddev=0.02), name="start"
-        )
+        shape = [None, None, self.d_model]
+        self.norm.build(shape)
+        self.conv.build(shape)
+        self.projection.build(shape)
         self.built = True
 
-    def call(self, groups, training=False):
-        embedded = self.projection(self.input_dropout(self.hidden(groups), training=training))  # [B, P, d]
-        start = tf.cast(self.start, embedded.dtype)[None, None, :]
-        start = tf.tile(start, [tf.shape(groups)[0], 1, 1])  # [B, 1, d]
-        return tf.concat([start, embedded[:, :-1]], axis=1)
+    def call(self, x, keep, training=False, dropout_seed=None):
+        """x [B, T, d], keep [B, T, 1] (1.0 on valid steps, in x's dtype). Not called `mask`: Keras
+        treats an argument of that name as its own mask propagation."""
+        hidden = self.projection(self.conv(self.norm(x) * keep))
+        return (x + self._dropout(hidden, training, dropout_seed, 0)) * keep
 
     def get_config(self):
         config = super().get_config()
-        config.update(d_model=self.d_model, group_size=self.group_size, dropout=self.dropout)
+        config.update(d_model=self.d_model, kernel_size=self.kernel_size, dilation=self.dilation, dropout=self.dropout)
         return config
 
 
-class Postnet(keras.layers.Layer):
-    """A residual correction of the predicted mel from its neighbourhood: a few "same" 1-D convs.
+class ConvStack(keras.layers.Layer):
+    """`num_layers` same-padded ReLU convolutions of width `channels` then a Dense to `outputs`: the frame classifier of the aligner (mel -> vocabulary logits) and the duration
+    predictor (text encoding -> one log-duration per token) are both this shape. Zero past `keep`.
 
-    The decoder predicts r frames per position from the past only; the postnet sees frames on
-    both sides and smooths the seams between groups. Input normalised mel [B, T, n_mels] and the
-    frame mask [B, T]; output the correction [B, T, n_mels] in float32. Every conv's output is
-    zeroed past the mask, so frames beyond the true length never leak into valid ones, and the
-    result does not depend on how much padding follows.
+    Output float32: both feed losses through a softmax or a regression.
     """
 
-    def __init__(self, n_mels: int, channels: int, num_convs: int = 4, kernel_size: int = 5, dropout: float = 0.0,
+    def __init__(self, channels: int, num_layers: int, outputs: int, kernel_size: int = 3, dropout: float = 0.0,
                  **kwargs):
         super().__init__(**kwargs)
-        self.n_mels = n_mels
         self.channels = channels
-        self.num_convs = num_convs
+        self.num_layers = num_layers
+        self.outputs = outputs
         self.kernel_size = kernel_size
         self.dropout = dropout
         self.convs = [
-            keras.layers.Conv1D(channels, kernel_size, padding="same", activation="tanh", name=f"conv_{i}")
-            for i in range(num_convs - 1)
+            keras.layers.Conv1D(channels, kernel_size, padding="same", activation="relu", name=f"conv_{i}")
+            for i in range(num_layers)
         ]
-        # float32 output: the correction is added to the float32 mel prediction.
-        self.output_conv = keras.layers.Conv1D(n_mels, kernel_size, padding="same", dtype="float32", name="output_conv")
+        self.norms = [keras.layers.LayerNormalization(epsilon=1e-5, name=f"norm_{i}") for i in range(num_layers)]
         self.conv_dropout = keras.layers.Dropout(dropout)
+        self.head = keras.layers.Dense(outputs, dtype="float32", name="head")
 
     def build(self, input_shape):
-        width = self.n_mels
-        for conv in self.convs:
+        width = input_shape[-1]
+        for conv, norm in zip(self.convs, self.norms):
             conv.build([None, None, width])
+            norm.build([None, None, self.channels])
             width = self.channels
-        self.output_conv.build([None, None, width])
+        self.head.build([None, None, width])
         self.built = True
 
-    def call(self, mel, valid_frames, training=False):
-        keep = tf.cast(valid_frames, self.compute_dtype)[:, :, None]  # [B, T, 1]
-        x = mel * keep
-        for conv in self.convs:
-            x = self.conv_dropout(conv(x), training=training) * keep
-        return self.output_conv(x) * tf.cast(keep, tf.float32)
+    def call(self, x, keep, training=False):
+        """x [B, T, features], keep [B, T, 1] (1.0 on valid steps) -> [B, T, outputs] float32."""
+        for conv, norm in zip(self.convs, self.norms):
+            x = self.conv_dropout(norm(conv(x * keep)), training=training)
+        return self.head(x) * tf.cast(keep, tf.float32)
 
     def get_config(self):
         config = super().get_config()
-        config.update(n_mels=self.n_mels, channels=self.channels, num_convs=self.num_convs,
+        config.update(channels=self.channels, num_layers=self.num_layers, outputs=self.outputs,
                       kernel_size=self.kernel_size, dropout=self.dropout)
         return config

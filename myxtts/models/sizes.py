@@ -1,13 +1,12 @@
 """The named model sizes (`model.size` in the config): tiny for tests, small for a CPU demo, base for GPUs.
 
-A size fixes the shape of the network; everything the data decides (vocabulary, mel bands, the
-longest text and mel a bucket can hold) is passed to `XTTS` separately, so one size serves any
-corpus. Parameter counts for 80 mel bands, a 40-token vocabulary and the default maximum lengths
-(320 tokens, 1040 frames), from `parameter_count`:
+A size fixes the shape of the network; everything the data decides (vocabulary, mel bands) is
+passed to `XTTS` separately, so one size serves any corpus. Parameter counts for 80 mel bands and
+a 90-token vocabulary (English phonemes), from `parameter_count`:
 
-    tiny    0.35M  a train step in a fraction of a second on a CPU; for tests only
-    small   3.4M   sized to learn the demo corpus in about eight minutes on two CPU cores
-    base   104.5M  the GPU configuration: 12 blocks of width 768, about GPT-2 small
+    tiny    0.3M   a train step in a fraction of a second on a CPU; for tests only
+    small   1.7M   sized to learn the demo corpus in about twelve minutes on two CPU cores
+    base   25M     the GPU configuration (FastPitch, a model of this kind, has 45M)
 """
 
 from __future__ import annotations
@@ -17,49 +16,46 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class ModelSize:
-    """One row of `MODEL_SIZES`. Derived values (head size, mel positions) are computed by the model."""
+    """One row of `MODEL_SIZES`. Derived values (head size) are computed, not stored."""
 
-    d_model: int  # width of every transformer in the model
-    num_layers: int  # causal decoder blocks
+    d_model: int  # width of the text encoder, the decoder and the voice latents
     num_heads: int  # attention heads (d_model must be a multiple)
-    ff_multiplier: int  # feed-forward hidden width = ff_multiplier * d_model
-    conditioning_latents: int  # K: vectors summarising a voice, prepended to the decoder's sequence
+    ff_multiplier: int  # feed-forward hidden width = ff_multiplier * d_model in transformer blocks
+    text_conv_blocks: int  # local context of each phoneme (kernel 5)
+    text_attention_blocks: int  # sentence-wide context: intonation, a question's rise
+    decoder_blocks: int  # conv blocks over mel frames, dilations 1, 2, 4, 1, 2, 4, ...
+    decoder_kernel: int  # their kernel size
+    conditioning_latents: int  # K: vectors summarising a voice (their mean conditions the model)
     conditioning_layers: int  # bidirectional blocks encoding the reference mel before the perceiver
-    # r: mel frames predicted per decoder position; must divide 8. A larger r makes copying the
-    # previous group a worse guess, so the decoder leans on the text sooner: on the demo, r = 8
-    # ended 24 of 24 validation sentences within 2x of their length after 300 updates, r = 4 only
-    # 11 (BENCHMARKS.md), at a higher teacher-forced mel loss (2.11 against 1.60).
-    reduction_factor: int
-    postnet: bool  # a residual stack of 1-D convs refining the predicted mel
-    dropout: float  # residual and feed-forward dropout
-    # Dropout on the previous frames fed back into the decoder, during training only. Regression
-    # with teacher forcing otherwise learns to copy the previous frame; hiding part of it forces
-    # the decoder to rely on the text (Tacotron's prenet dropout, for the same reason).
-    prenet_dropout: float
+    aligner_channels: int  # width of the frame classifier that learns the alignment
+    aligner_layers: int  # its conv layers (kernel 5): context around each frame
+    duration_channels: int  # width of the duration predictor (two conv layers, kernel 3)
+    dropout: float  # residual dropout
 
     @property
     def head_size(self) -> int:
         return self.d_model // self.num_heads
 
     @property
-    def postnet_channels(self) -> int:
-        # Half the model width: the postnet runs at the full frame rate, r times as many steps as
-        # the decoder, so at full width its convolutions would cost as much as several blocks.
-        return max(self.d_model // 2, 32)
+    def decoder_dilations(self) -> tuple[int, ...]:
+        return tuple((1, 2, 4)[i % 3] for i in range(self.decoder_blocks))
 
 
 MODEL_SIZES: dict[str, ModelSize] = {
     "tiny": ModelSize(
-        d_model=64, num_layers=2, num_heads=2, ff_multiplier=4, conditioning_latents=4, conditioning_layers=1,
-        reduction_factor=4, postnet=True, dropout=0.0, prenet_dropout=0.0,
+        d_model=64, num_heads=2, ff_multiplier=2, text_conv_blocks=1, text_attention_blocks=1, decoder_blocks=2,
+        decoder_kernel=5, conditioning_latents=4, conditioning_layers=1, aligner_channels=64, aligner_layers=2,
+        duration_channels=64, dropout=0.0,
     ),
     "small": ModelSize(
-        d_model=192, num_layers=4, num_heads=3, ff_multiplier=4, conditioning_latents=16, conditioning_layers=1,
-        reduction_factor=8, postnet=True, dropout=0.1, prenet_dropout=0.3,
+        d_model=128, num_heads=2, ff_multiplier=2, text_conv_blocks=3, text_attention_blocks=2, decoder_blocks=4,
+        decoder_kernel=5, conditioning_latents=8, conditioning_layers=1, aligner_channels=128, aligner_layers=3,
+        duration_channels=128, dropout=0.1,
     ),
     "base": ModelSize(
-        d_model=768, num_layers=12, num_heads=12, ff_multiplier=4, conditioning_latents=32, conditioning_layers=1,
-        reduction_factor=2, postnet=True, dropout=0.1, prenet_dropout=0.3,
+        d_model=384, num_heads=6, ff_multiplier=4, text_conv_blocks=3, text_attention_blocks=4, decoder_blocks=9,
+        decoder_kernel=5, conditioning_latents=32, conditioning_layers=2, aligner_channels=256, aligner_layers=3,
+        duration_channels=256, dropout=0.1,
     ),
 }
 
@@ -70,27 +66,15 @@ def get_size(name: str) -> ModelSize:
         size = MODEL_SIZES[name]
     except KeyError:
         raise ValueError(f"unknown model size {name!r}; model.size must be one of {', '.join(MODEL_SIZES)}") from None
-    _check(name, size)
-    return size
-
-
-def _check(name: str, size: ModelSize) -> None:
     if size.d_model % size.num_heads:
         raise ValueError(
             f"model size {name!r}: d_model ({size.d_model}) must be a multiple of num_heads ({size.num_heads})"
         )
-    # Buckets pad mel lengths to multiples of 8 (DataConfig.bucket_mel_lengths), so an r dividing 8
-    # means a bucket's frames always fill whole decoder positions and no extra padding shape appears.
-    if size.reduction_factor not in (1, 2, 4, 8):
-        raise ValueError(
-            f"model size {name!r}: reduction_factor must divide 8 (1, 2, 4 or 8), got {size.reduction_factor}"
-        )
+    return size
 
 
-def parameter_count(
-    size: str, vocab_size: int, n_mels: int, max_text_length: int = 320, max_mel_frames: int = 1040
-) -> int:
-    """Trainable parameters of `XTTS(vocab_size, n_mels, size, ...)`, counted on a built model.
+def parameter_count(size: str, vocab_size: int, n_mels: int) -> int:
+    """Trainable parameters of `XTTS(vocab_size, n_mels, size)`, counted on a built model.
 
     Building costs a second or so even for `base` and, unlike a formula, cannot drift from the
     model's code.
@@ -99,6 +83,6 @@ def parameter_count(
 
     from myxtts.models.xtts import XTTS  # local: xtts imports this module, and TensorFlow
 
-    model = XTTS(vocab_size, n_mels, size, max_text_length=max_text_length, max_mel_frames=max_mel_frames)
+    model = XTTS(vocab_size, n_mels, size)
     model.build()
     return sum(math.prod(v.shape) for v in model.trainable_weights)

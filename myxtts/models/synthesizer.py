@@ -19,7 +19,7 @@ from myxtts.data.phonemes import model_text
 from myxtts.data.pipeline import reference_log_mel
 from myxtts.data.text import Vocabulary, tokenize
 from myxtts.models.griffin_lim import log_mel_to_audio, write_wav
-from myxtts.models.inference import end_silence, generate
+from myxtts.models.inference import generate
 from myxtts.models.xtts import XTTS, network_for
 
 
@@ -57,8 +57,11 @@ class Synthesizer:
                                  f"with utilities/prepare_dataset.py): {error.message.splitlines()[0]}") from None
         return tf.stack([m for m, _ in clips]), tf.stack([n for _, n in clips])
 
-    def synthesize(self, text: str, reference_paths, max_seconds: float | None = None):
-        """(samples float32 [n], mel [frames, n_mels]) for `text` in the voice of the reference clip(s)."""
+    def synthesize(self, text: str, reference_paths, max_seconds: float | None = None, duration_scale: float = 1.0):
+        """(samples float32 [n], mel [frames, n_mels]) for `text` in the voice of the reference clip(s).
+
+        `duration_scale` stretches the predicted durations (1.2 = 20% slower); `max_seconds` caps the length.
+        """
         if not text or not text.strip():
             raise ValueError("the text to synthesize is empty")
         d = self.config.data
@@ -66,15 +69,10 @@ class Synthesizer:
         if not text_for_model.strip():
             raise ValueError(f"espeak-ng ({d.language}) makes no phonemes of {text!r}; write it in words of data.language")
         tokens = tokenize(tf.constant(text_for_model), self._table, frontend=d.text_frontend)
-        limit = d.bucket_text_lengths[-1]
-        if int(tf.shape(tokens)[0]) > limit:
-            raise ValueError(f"text too long: {int(tf.shape(tokens)[0])} tokens, the model takes at most {limit}; split it into sentences")
         reference_mel, reference_length = self.reference(list(reference_paths))
-        max_frames = d.bucket_mel_lengths[-1]
-        if max_seconds:
-            max_frames = min(max_frames, 8 * math.ceil(max_seconds * d.frames_per_second / 8))
-        mel, length = generate(self.network, tokens, reference_mel, reference_length, max_frames,
-                               average_references=len(reference_paths) > 1, **end_silence(d))
+        max_frames = math.ceil(max_seconds * d.frames_per_second) if max_seconds else None
+        mel, length = generate(self.network, tokens, reference_mel, reference_length, max_frames=max_frames,
+                               average_references=len(reference_paths) > 1, duration_scale=duration_scale)
         mel = mel[0, : int(length[0])]
         return log_mel_to_audio(mel, d), mel
 

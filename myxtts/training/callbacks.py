@@ -98,8 +98,8 @@ class ProgressLogger(keras.callbacks.Callback):
             if "input_wait_ms" in record:
                 tf.summary.scalar("input_wait_ms", record["input_wait_ms"])
         self.echo(
-            f"step {step}/{self.max_steps}  loss {logs.get('loss', math.nan):.4f} (text {logs.get('text_loss', math.nan):.3f}"
-            f" mel {logs.get('mel_loss', math.nan):.4f} stop {logs.get('stop_loss', math.nan):.4f})"
+            f"step {step}/{self.max_steps}  loss {logs.get('loss', math.nan):.4f} (mel {logs.get('mel_loss', math.nan):.4f}"
+            f" align {logs.get('align_loss', math.nan):.3f} duration {logs.get('duration_loss', math.nan):.3f})"
             f"  lr {logs.get('learning_rate', math.nan):.2e}  |g| {logs.get('grad_norm', math.nan):.2f}"
             f"  {seconds_per_step * 1000:.0f} ms/step{input_wait}  {record['samples_per_s']:.1f} samples/s  ETA {_duration(eta)}"
         )
@@ -118,15 +118,19 @@ class ProgressLogger(keras.callbacks.Callback):
             self.record_validation(optimizer_step(self.model), validation)
 
 
+# Validation value -> the checkpoint kept at its lowest. val_wer exists when intelligibility is measured.
+BEST_BY = {"val_mel_loss": "best_mel", "val_wer": "best_wer"}
+
+
 class CheckpointSaver(keras.callbacks.Callback):
     """`latest` every `interval` updates, at the end, and on SIGINT/SIGTERM (then stops the run);
-    `best_text` / `best_mel` whenever validation improves. A run the `guard` (NonFiniteGuard)
+    `best_mel` / `best_wer` whenever validation mel loss / word error rate improves. A run the `guard` (NonFiniteGuard)
     stopped for divergence ends without saving: `latest` keeps the last state saved before it."""
 
     def __init__(self, checkpoints, interval: int, echo=print, guard=None):
         super().__init__()
         self.checkpoints, self.interval, self.echo, self.guard = checkpoints, interval, echo, guard
-        self.best = {"val_text_loss": math.inf, "val_mel_loss": math.inf}
+        self.best = {key: math.inf for key in BEST_BY}
         self.interrupted_by = None
         self._previous_handlers = {}
         self._last_saved = None
@@ -153,7 +157,7 @@ class CheckpointSaver(keras.callbacks.Callback):
 
     def on_epoch_end(self, epoch, logs=None):
         step = optimizer_step(self.model)
-        for key, kind in (("val_text_loss", "best_text"), ("val_mel_loss", "best_mel")):
+        for key, kind in BEST_BY.items():
             value = (logs or {}).get(key)
             if value is not None and math.isfinite(value) and value < self.best[key]:
                 self.best[key] = float(value)
@@ -227,42 +231,52 @@ def console_echo(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-class ValidationSamples(keras.callbacks.Callback):
-    """At each validation: synthesize a fixed validation sentence in its speaker's voice (the batch's
-    own reference clip) and log the mel as an image and the Griffin-Lim audio to TensorBoard.
+class SpeechCheck(keras.callbacks.Callback):
+    """At each validation: speak the held-out sentences from their text alone and measure them.
 
-    The first call also logs the recording itself, for comparison.
+    Adds `val_wer` (word error rate of the recognizer on them, `myxtts.evaluation`) to the epoch's
+    logs, so it is printed, written to TensorBoard and keeps the `best_wer` checkpoint like the
+    losses do; it must therefore come before those callbacks. With `samples_dir`, the first
+    sentence's mel image and Griffin-Lim audio go to TensorBoard too (the recording once, for
+    comparison). `scorer` None: samples only (a language the recognizer does not hear).
     """
 
-    def __init__(self, network, data_config, example: dict, log_dir: str, griffin_lim_iterations: int = 16):
+    def __init__(self, network, sentences, scorer, samples_dir: str | None, echo=print):
         super().__init__()
-        self.network, self.data_config, self.example = network, data_config, example
-        self.writer = tf.summary.create_file_writer(log_dir)
-        self.iterations = griffin_lim_iterations
+        self.network, self.sentences, self.scorer, self.echo = network, sentences, scorer, echo
+        self.writer = tf.summary.create_file_writer(samples_dir) if samples_dir else None
         self._logged_recording = False
 
     def on_epoch_end(self, epoch, logs=None):
-        if not any(key.startswith("val_") for key in (logs or {})):
+        if logs is None or not any(key.startswith("val_") for key in logs):
             return  # no validation this time (the run was interrupted): nothing to pair the sample with
-        from myxtts.models.griffin_lim import log_mel_to_audio
-        from myxtts.models.inference import end_silence, generate
+        if self.scorer is not None:
+            report = self.sentences.measure(self.network, self.scorer)
+            if report.wer is not None:
+                logs["val_wer"] = report.wer
+            logs["val_length_ratio"] = report.length_ratio
+            self.echo(f"held-out sentences spoken from text: {report.summary}, length x{report.length_ratio:.2f} "
+                      f"of the recordings ({report.seconds:.0f} s)")
+            first = report.mels[0]
+        else:
+            first = self.sentences.synthesize(self.network, limit=1)[0]
+        if self.writer is not None:
+            self._log_sample(optimizer_step(self.model), first)
 
-        ex, c = self.example, self.data_config
-        tokens = ex["tokens"][: int(ex["text_length"])]
-        limit = min(2 * int(ex["mel_length"]) + 8, c.bucket_mel_lengths[-1])
-        mel, length = generate(self.network, tokens, ex["reference_mel"][None], ex["reference_length"][None], limit,
-                               **end_silence(c))
-        mel = mel[0, : int(length[0])]  # [frames, n_mels]
-        step = optimizer_step(self.model)
+    def _log_sample(self, step: int, mel) -> None:
+        from myxtts.models.griffin_lim import log_mel_to_audio
+
+        c = self.sentences.data_config
+        mel = tf.constant(mel)
         with self.writer.as_default(step=step):
-            if not self._logged_recording and "mel" in ex:
-                recording = ex["mel"][: int(ex["mel_length"])]
+            if not self._logged_recording:
+                recording = tf.constant(self.sentences.recording_mel(0))
                 tf.summary.image("sample/recording_mel", _mel_image(recording, c), step=0)
-                tf.summary.audio("sample/recording_griffin_lim", _audio(log_mel_to_audio(recording, c, self.iterations)), c.sample_rate, step=0)
+                tf.summary.audio("sample/recording_griffin_lim", _audio(log_mel_to_audio(recording, c)), c.sample_rate, step=0)
                 self._logged_recording = True
             tf.summary.image("sample/generated_mel", _mel_image(mel, c))
-            tf.summary.audio("sample/generated", _audio(log_mel_to_audio(mel, c, self.iterations)), c.sample_rate)
-            tf.summary.scalar("sample/generated_seconds", int(length[0]) / c.frames_per_second)
+            tf.summary.audio("sample/generated", _audio(log_mel_to_audio(mel, c)), c.sample_rate)
+            tf.summary.scalar("sample/generated_seconds", int(mel.shape[0]) / c.frames_per_second)
 
 
 def _mel_image(mel, c) -> tf.Tensor:

@@ -1,4 +1,4 @@
-"""Checkpoints: `latest` (periodic and on Ctrl-C/SIGTERM), `best_text` and `best_mel` (by validation).
+"""Checkpoints: `latest` (periodic and on Ctrl-C/SIGTERM), `best_mel` and `best_wer` (by validation).
 
 Every variable is stored under its own name: the network's by its Keras path without the model's
 name ("block_0/attention/query/kernel"), the optimizer's likewise ("block_0_..._momentum"). The
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import tensorflow as tf
 
-KINDS = ("latest", "best_text", "best_mel")
+KINDS = ("latest", "best_mel", "best_wer")
 
 
 class CheckpointError(RuntimeError):
@@ -149,9 +149,13 @@ def read_meta(checkpoint_path: str) -> dict:
 
 
 def find_checkpoint(path: str | os.PathLike) -> str:
-    """A checkpoint prefix from a run folder, a checkpoint folder or a prefix; clear error otherwise."""
+    """A checkpoint prefix from a run folder (its best_wer, else best_mel, else latest), a checkpoint
+    folder or a prefix; clear error otherwise. best_wer first: the lowest word error rate of the
+    model's own synthesis is what a listener wants; the mel loss is measured on the recordings' timing."""
     path = Path(path)
-    for folder in (path / "checkpoints" / "best_mel", path / "checkpoints" / "latest", path / "best_mel", path / "latest", path):
+    preference = ("best_wer", "best_mel", "latest")
+    folders = [path / "checkpoints" / kind for kind in preference] + [path / kind for kind in preference] + [path]
+    for folder in folders:
         if folder.is_dir():
             latest = tf.train.latest_checkpoint(str(folder))
             if latest:

@@ -16,10 +16,8 @@ import keras
 import tensorflow as tf
 
 from myxtts.data.pipeline import mel_from_audio
-from myxtts.models.losses import compute_losses
+from myxtts.models.losses import LOSS_NAMES, compute_losses
 from myxtts.training.distribute import all_reduce_mean, reducible_logs
-
-LOSS_NAMES = ("loss", "text_loss", "mel_loss", "stop_loss")
 
 
 class TrainingModel(keras.Model):
@@ -55,7 +53,7 @@ class TrainingModel(keras.Model):
             scaled_loss = self.optimizer.scale_loss(losses["loss"])
         variables = self.network.trainable_variables
         # Embedding gradients arrive as IndexedSlices, which Keras' gradient accumulation sums
-        # wrongly (measured: wrong updates with gradient_accumulation_steps=2). A character
+        # wrongly (measured: wrong updates with gradient_accumulation_steps=2). A phoneme
         # vocabulary is small, so dense gradients cost nothing worth keeping the sparse form for.
         gradients = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g
                      for g in tape.gradient(scaled_loss, variables)]

@@ -31,7 +31,7 @@ from myxtts.hardware.plan import Plan, RequestedSettings, plan_for_machine
 from myxtts.hardware.probe_runner import probe_batch_size
 from myxtts.hardware.report import short_summary
 from myxtts.models.xtts import network_for
-from myxtts.training.callbacks import (CheckpointSaver, NonFiniteGuard, ProgressLogger, StopAtStep, ValidationSamples,
+from myxtts.training.callbacks import (CheckpointSaver, NonFiniteGuard, ProgressLogger, SpeechCheck, StopAtStep,
                                        console_echo, optimizer_step)
 from myxtts.training import distribute
 from myxtts.training.checkpoints import Checkpoints, CheckpointError
@@ -286,12 +286,9 @@ def _fit(config: Config, policy: str, strategy, workdir: Path, train_rows, val_r
         saver,
         keras.callbacks.TensorBoard(str(workdir / "logs"), update_freq=t.log_interval * accumulation),
     ]
-    if val_ds is not None and t.log_samples:
-        # The fixed sentence: the first clip of the (ordered) validation set, with features computed
-        # the way the step sees them.
-        first = model.with_mel(next(iter(val_ds)))
-        example = {k: v[0] for k, v in first.items()}
-        callbacks.append(ValidationSamples(network, d, example, str(workdir / "logs" / "samples")))
+    speech_check = _speech_check(config, network, train_rows, val_rows, vocabulary, workdir, echo)
+    if speech_check is not None:
+        callbacks.insert(0, speech_check)  # val_wer must be in the logs before they are printed and saved
     interval = t.eval_interval * accumulation  # Keras counts micro-batches
     validation = {}
     if start_step == 0 and val_ds is not None:
@@ -322,6 +319,29 @@ def _fit(config: Config, policy: str, strategy, workdir: Path, train_rows, val_r
         batch_size=d.batch_size,
         gradient_accumulation_steps=accumulation,
     )
+
+
+def _speech_check(config: Config, network, train_rows, val_rows, vocabulary, workdir: Path, echo):
+    """The callback that speaks held-out sentences at each validation (None when there is nothing
+    to do): `training.wer_sentences` of them measured by the recognizer, the first one logged to
+    TensorBoard with `training.log_samples`."""
+    t = config.training
+    if not val_rows or not (t.wer_sentences or t.log_samples):
+        return None
+    from myxtts.evaluation.intelligibility import IntelligibilityScorer, skip_reason
+    from myxtts.evaluation.speech import HeldOutSentences
+
+    scorer = None
+    if t.wer_sentences:
+        reason = skip_reason(config.data.language)
+        if reason:
+            echo(f"val_wer: {reason}")
+        else:
+            # The corpus's own sentences are the recognizer's language model (see intelligibility.py).
+            scorer = IntelligibilityScorer([u.text for u in train_rows + val_rows], config.data.language)
+    sentences = HeldOutSentences.from_rows(val_rows, train_rows, vocabulary, config, limit=t.wer_sentences or 1)
+    samples_dir = str(workdir / "logs" / "samples") if t.log_samples else None
+    return SpeechCheck(network, sentences, scorer, samples_dir, echo)
 
 
 class _EveryEpochUnlessInterrupted(list):

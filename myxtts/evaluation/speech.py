@@ -1,0 +1,173 @@
+"""Does the trained model say its sentences? Synthesis of held-out sentences, measured.
+
+    sentences = HeldOutSentences.from_rows(val_rows, train_rows, vocabulary, config)   # once
+    report = sentences.measure(network, scorer)      # at every validation
+    report.wer, report.length_ratio, report.rows
+
+Each held-out sentence is spoken from its text alone (durations predicted, nothing taken from its
+recording) in its own speaker's voice, with another clip of that speaker as the reference, exactly
+as a user would synthesize it. The audio goes through the same Griffin-Lim as
+`utilities/synthesize.py`, then through the recognizer (`intelligibility.py`). The recordings'
+own WER through the same vocoder is the ceiling to read it against (`recordings_wer`).
+
+`alignment_errors` measures the learned alignment itself where ground truth exists (the demo
+corpus's espeak-ng phoneme timings): where the model's aligner puts each phoneme's start, against
+where espeak-ng says it started.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import tensorflow as tf
+
+from myxtts.data import audio
+from myxtts.data.manifest import Utterance
+from myxtts.data.phoneme_timing import read_timing, timing_path
+from myxtts.data.phonemes import model_texts
+from myxtts.data.pipeline import assign_references, reference_log_mel
+from myxtts.data.text import PAD_ID, Vocabulary, split_symbols
+from myxtts.evaluation.intelligibility import IntelligibilityScorer
+from myxtts.models.alignment import durations_of, viterbi_alignment
+from myxtts.models.griffin_lim import log_mel_to_audio
+from myxtts.models.inference import generate
+
+# Sentences synthesized per call: a batch pads to its longest text and frame count.
+_BATCH = 8
+
+
+@dataclass
+class SpeechReport:
+    wer: float | None  # None when the language is not measured (summary says why)
+    length_ratio: float  # median of synthesized / recorded (trimmed) length
+    rows: list = field(default_factory=list)  # intelligibility rows: reference, hypothesis, errors
+    seconds: float = 0.0  # wall time of synthesis + vocoder + recognition
+    summary: str = ""
+    mels: list = field(default_factory=list)  # the synthesized log-mels [frames, n_mels]
+
+
+class HeldOutSentences:
+    """The sentences, their tokens, their speakers' reference clips and recorded lengths: built once."""
+
+    def __init__(self, texts, audio_paths, tokens, reference_mel, reference_length, recorded_frames, data_config):
+        self.texts = list(texts)
+        self.audio_paths = list(audio_paths)
+        self.tokens = tokens  # [N, L] int32, PAD_ID-padded
+        self.reference_mel, self.reference_length = reference_mel, reference_length
+        self.recorded_frames = np.asarray(recorded_frames)
+        self.data_config = data_config
+
+    @classmethod
+    def from_rows(cls, rows: list[Utterance], train_rows: list[Utterance], vocabulary: Vocabulary, config,
+                  limit: int | None = None) -> "HeldOutSentences":
+        """The first `limit` of `rows` (phonemized when the front end needs it). The voice reference
+        of each is another clip of its speaker, chosen as the validation set chooses it."""
+        d = config.data
+        rows = list(rows)[:limit] if limit else list(rows)
+        if not rows:
+            raise ValueError("no held-out sentences to measure")
+        pool = rows + [u for u in train_rows if u.speaker in {r.speaker for r in rows}]
+        references = assign_references(pool, config.seed)[: len(rows)]
+        ids = [vocabulary.encode(text, d.text_frontend) for text in model_texts(rows, d.text_frontend)]
+        tokens = np.full((len(ids), max(map(len, ids))), PAD_ID, np.int32)
+        for i, row in enumerate(ids):
+            tokens[i, : len(row)] = row
+        mels, lengths = zip(*(reference_log_mel(tf.constant(path), d) for path in references))
+        recorded = [_recorded_frames(u.audio_path, d) for u in rows]
+        return cls([u.text for u in rows], [u.audio_path for u in rows], tokens, tf.stack(mels), tf.stack(lengths), recorded, d)
+
+    def synthesize(self, network, limit: int | None = None) -> list[np.ndarray]:
+        """Log-mels [frames, n_mels] of every sentence (or the first `limit`), each cut to its own length."""
+        mels = []
+        for start in range(0, min(len(self.texts), limit or len(self.texts)), _BATCH):
+            rows = slice(start, min(start + _BATCH, limit or len(self.texts)))
+            tokens = self.tokens[rows]
+            tokens = tokens[:, : int((tokens != PAD_ID).sum(axis=1).max())]
+            mel, length = generate(network, tokens, self.reference_mel[rows], self.reference_length[rows])
+            mels += [m[:n] for m, n in zip(mel.numpy(), length.numpy())]
+        return mels
+
+    def recording_mel(self, index: int) -> np.ndarray:
+        """The log-mel of sentence `index`'s recording, as training sees it."""
+        return audio.log_mel(_trimmed(self.audio_paths[index], self.data_config)[0], self.data_config).numpy()
+
+    def measure(self, network, scorer: IntelligibilityScorer) -> SpeechReport:
+        start = time.perf_counter()
+        mels = self.synthesize(network)
+        ratio = float(np.median([len(m) / max(n, 1) for m, n in zip(mels, self.recorded_frames)]))
+        rate = self.data_config.sample_rate
+        result = scorer.score((_waveform(m, self.data_config), rate, text) for m, text in zip(mels, self.texts))
+        return SpeechReport(result.wer, ratio, list(result.rows), time.perf_counter() - start, result.summary(), mels)
+
+
+def recordings_wer(rows: list[Utterance], data_config, scorer: IntelligibilityScorer):
+    """The ceiling: the recordings of `rows`, trimmed as in training, to log-mel and back through
+    the same Griffin-Lim, through the same recognizer (an IntelligibilityResult)."""
+    clips = []
+    for u in rows:
+        mel = audio.log_mel(_trimmed(u.audio_path, data_config)[0], data_config).numpy()
+        clips.append((_waveform(mel, data_config), data_config.sample_rate, u.text))
+    return scorer.score(clips)
+
+
+def alignment_errors(network, rows: list[Utterance], vocabulary: Vocabulary, data_config) -> dict:
+    """Phoneme start times of the model's aligner against espeak-ng's (demo corpus timing files).
+
+    For each row with a timing file whose phonemes are the row's phoneme symbols (stress marks
+    aside; a voice with another accent, `en+m7`, says other phonemes and is skipped), the
+    recording is trimmed and featurized as in training, aligned by the model (Viterbi path of its
+    frame classifier), and each phoneme's first frame is compared with espeak-ng's start sample
+    (shifted by the trimmed lead-in). Returns {"clips", "skipped", "phonemes", "median_ms", "p90_ms"}.
+    """
+    d = data_config
+    errors_ms, clips, skipped = [], 0, 0
+    for row, text in zip(rows, model_texts(rows, d.text_frontend)):
+        path = timing_path(row.audio_path)
+        if d.text_frontend != "phonemes" or not path.is_file():
+            skipped += 1
+            continue
+        timing = read_timing(path)
+        symbols = split_symbols(text, d.text_frontend)
+        spoken = [(i, s.replace("ˈ", "").replace("ˌ", "")) for i, s in enumerate(symbols) if s.strip(" ,.?!;:")]
+        truth = [(name, start) for name, start in zip(timing.phonemes, timing.start_samples) if name != "_"]
+        if [name for name, _ in truth] != [name for _, name in spoken]:
+            skipped += 1
+            continue
+        samples, lead_in = _trimmed(row.audio_path, d)
+        mel = audio.log_mel(samples, d)[None]
+        tokens = tf.constant([vocabulary.encode(text, d.text_frontend)], tf.int32)
+        mel_length, text_length = tf.shape(mel)[1:2], tf.shape(tokens)[1:2]
+        scores = network.alignment_scores(mel, mel_length, tokens, text_length)
+        durations = durations_of(viterbi_alignment(scores, mel_length, text_length))[0].numpy()
+        first_frame = np.concatenate([[0], np.cumsum(durations)[:-1]])
+        for (token, _), (_, start) in zip(spoken[1:], truth[1:]):  # the first phoneme starts the trimmed clip
+            truth_ms = (start - lead_in) / d.sample_rate * 1000.0
+            found_ms = first_frame[token] * d.hop_length / d.sample_rate * 1000.0
+            errors_ms.append(abs(found_ms - truth_ms))
+        clips += 1
+    if not errors_ms:
+        return {"clips": 0, "skipped": skipped, "phonemes": 0, "median_ms": math.nan, "p90_ms": math.nan}
+    return {"clips": clips, "skipped": skipped, "phonemes": len(errors_ms),
+            "median_ms": float(np.median(errors_ms)), "p90_ms": float(np.percentile(errors_ms, 90))}
+
+
+def _trimmed(path: str, d):
+    """The clip as training sees it (resampled, trimmed, peak-normalised) and the samples cut from its start."""
+    samples, rate = audio.load_wav(tf.constant(path))
+    samples = audio.resample_to(samples, rate, d.sample_rate, source=path)
+    start = 0
+    if d.trim_silence_db > 0:
+        start, end = audio.silence_bounds(samples, d.trim_silence_db)
+        samples = samples[start:end]
+    return audio.peak_normalize(samples, d.peak_normalize), int(start)
+
+
+def _recorded_frames(path: str, d) -> int:
+    return d.frames_for_samples(int(tf.shape(_trimmed(path, d)[0])[0]))
+
+
+def _waveform(log_mel, d) -> np.ndarray:
+    return log_mel_to_audio(tf.constant(log_mel), d).numpy()
