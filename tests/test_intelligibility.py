@@ -157,7 +157,7 @@ def test_a_word_missing_from_the_dictionary_is_still_recognized(tmp_path):
     sentences = ["The harbourmaster liked the flavour of the soup.", "A colourful boat stood near the old bridge.",
                  "Clara found a small lamp in the kitchen."]
     engine = EspeakEngine()
-    pcm = np.frombuffer(engine.render("en-us", sentences[0]), "<i2").astype(np.float32) / 32768.0
+    pcm = np.frombuffer(engine.render("en-us", sentences[0])[0], "<i2").astype(np.float32) / 32768.0
     recognizer = Recognizer(sentences + ["The zxqvy sang."], directory=tmp_path)
     assert recognizer.unpronounceable == ("zxqvy",)
     assert "flavour" in (tmp_path / "corpus.dict").read_text() and "zxqvy" not in (tmp_path / "corpus.lm").read_text()

@@ -17,7 +17,7 @@ from myxtts.data.manifest import Utterance, read_manifest
 from myxtts.data.phonemes import UnknownLanguage, check_language, model_texts, phonemize, phonemize_utterances
 from myxtts.data.pipeline import build_dataset, build_vocabulary
 from myxtts.data.prepare import prepare_dataset
-from myxtts.data.text import Vocabulary, tokenize
+from myxtts.data.text import Vocabulary, split_symbols, tokenize
 from myxtts.diagnostics.graph_scan import find_python_ops
 
 # Source scripts that must not survive phonemization: Arabic (Persian) and Hangul (Korean).
@@ -28,26 +28,40 @@ SENTENCES = {
 }
 
 
+def readable(text: str, language: str) -> str:
+    """The phoneme string without its phoneme separators: plain IPA, as espeak-ng writes it."""
+    return phonemize(text, language).replace("|", "")
+
+
+def test_phonemes_are_espeak_ngs_own_units():
+    # One symbol per phoneme: a diphthong, an affricate and an r-coloured vowel are one symbol each,
+    # and a vowel carries its stress and length marks.
+    assert phonemize("hello", "en-us") == "h|ə|l|ˈoʊ"
+    assert phonemize("speech", "en-us") == "s|p|ˈiː|tʃ"
+    assert phonemize("tired farmer", "en-us") == "t|ˈaɪɚ|d f|ˈɑːɹ|m|ɚ"
+    assert phonemize("Hello, world!", "en-us") == "h|ə|l|ˈoʊ|, w|ˈɜː|l|d|!"
+
+
 def test_known_english_words_in_ipa():
     # espeak-ng 1.52.0 (espeakng-loader 0.2.4), observed and pinned.
-    assert phonemize("hello", "en-us") == "həlˈoʊ"
-    assert phonemize("world", "en-us") == "wˈɜːld"
-    assert phonemize("speech", "en-us") == "spˈiːtʃ"
-    assert phonemize("thought", "en-us") == "θˈɔːt"
-    assert phonemize("synthesis", "en-us") == "sˈɪnθəsˌɪs"
-    assert phonemize("The quick brown fox jumps over the lazy dog.", "en-us") == (
+    assert readable("hello", "en-us") == "həlˈoʊ"
+    assert readable("world", "en-us") == "wˈɜːld"
+    assert readable("speech", "en-us") == "spˈiːtʃ"
+    assert readable("thought", "en-us") == "θˈɔːt"
+    assert readable("synthesis", "en-us") == "sˈɪnθəsˌɪs"
+    assert readable("The quick brown fox jumps over the lazy dog.", "en-us") == (
         "ðə kwˈɪk bɹˈaʊn fˈɑːks dʒˈʌmps ˌoʊvɚ ðə lˈeɪzi dˈɑːɡ.")
-    assert phonemize("hello", "en") == "həlˈəʊ"  # British English: another vowel
+    assert readable("hello", "en") == "həlˈəʊ"  # British English: another vowel
 
 
 def test_clause_punctuation_is_kept_and_numbers_stay_whole():
-    assert phonemize("Hello, world! How are you? Fine; thanks: yes.", "en-us") == (
+    assert readable("Hello, world! How are you? Fine; thanks: yes.", "en-us") == (
         "həlˈoʊ, wˈɜːld! hˈaʊ ɑːɹ juː? fˈaɪn; θˈæŋks: jˈɛs.")
     # "3.50" and "1,000" are numbers, not clauses; quotes go, the marks inside them stay.
-    assert phonemize('He paid 3.50 for "1,000 pens," she said.', "en-us") == (
+    assert readable('He paid 3.50 for "1,000 pens," she said.', "en-us") == (
         "hiː pˈeɪd θɹˈiː pɔɪnt fˈaɪv zˈiəɹoʊ fɔːɹ wˈʌn θˈaʊzənd pˈɛnz, ʃiː sˈɛd.")
-    assert phonemize("Wait... what?!  OK", "en-us") == "wˈeɪt. wˌʌt? ˌoʊkˈeɪ"
-    assert phonemize(" ... ", "en-us") == ""
+    assert readable("Wait... what?!  OK", "en-us") == "wˈeɪt. wˌʌt? ˌoʊkˈeɪ"
+    assert readable(" ... ", "en-us") == ""
 
 
 @pytest.mark.parametrize("language, text, expected", [
@@ -55,18 +69,18 @@ def test_clause_punctuation_is_kept_and_numbers_stay_whole():
     ("ko", "안녕하세요. 만나서 반갑습니다!", "ˈɐnnjʌŋhˌɐsejˌo. mˈɐnnɐsˌʌpˈɐnqɐps-ˌɯpnidˌɐ!"),
 ])
 def test_persian_and_korean_become_ipa(language, text, expected):
-    ipa = phonemize(text, language)
+    ipa = readable(text, language)
     assert ipa == expected
     assert not _SOURCE_SCRIPT.search(ipa) and "ˈ" in ipa
     for sentence in SENTENCES[language]:
-        ipa = phonemize(sentence, language)
+        ipa = readable(sentence, language)
         assert ipa and not _SOURCE_SCRIPT.search(ipa), (sentence, ipa)
         assert not re.search("[A-Z()]", ipa), ipa  # no espeak mnemonics, no language-switch marks
 
 
 def test_language_switch_marks_are_removed():
     # espeak-ng reads Latin words in Persian text as English and marks them "(en)...(fa)".
-    assert phonemize("I like the Internet", "fa") == "aɪ lˈaɪk ðɪ ˈɪntənˌɛt"
+    assert readable("I like the Internet", "fa") == "aɪ lˈaɪk ðɪ ˈɪntənˌɛt"
 
 
 def test_unknown_language_is_a_clear_error():
@@ -119,12 +133,13 @@ def test_in_graph_tokenization_equals_the_python_encoding():
     texts = [phonemize(s, "en-us") for s in ("Hello, world!", "Is it twelve o'clock?")]
     texts += [phonemize(s, language) for language, sentences in SENTENCES.items() for s in sentences]
     vocabulary = Vocabulary.from_texts(texts[:-1], frontend="phonemes")  # the last one may bring unseen symbols
-    assert vocabulary.characters == sorted(set("".join(texts[:-1])))
+    assert vocabulary.symbols == sorted({s for text in texts[:-1] for s in split_symbols(text, "phonemes")})
     table = vocabulary.lookup_table()
     in_graph = tf.data.Dataset.from_tensor_slices(texts).map(lambda t: tokenize(t, table, frontend="phonemes"))
     for text, ids in zip(texts, in_graph.as_numpy_iterator()):
-        assert ids.tolist() == vocabulary.encode(text), text
-        assert vocabulary.decode(ids.tolist()) == "".join(c for c in text if c in vocabulary.characters)
+        assert ids.tolist() == vocabulary.encode(text, "phonemes"), text
+        known = [s for s in split_symbols(text, "phonemes") if s in vocabulary.symbols]
+        assert vocabulary.decode(ids.tolist()) == "".join(known)
 
 
 def _speech_corpus(folder, language):
@@ -158,12 +173,12 @@ def test_prepare_pipeline_and_one_training_step(language, tmp_path):
         "training.enable_xla_compilation=false",
     ])
     vocabulary = build_vocabulary(rows, config.data)
-    assert set(vocabulary.characters) == set("".join(u.phonemes for u in rows))
+    assert set(vocabulary.symbols) == {s for u in rows for s in split_symbols(u.phonemes, "phonemes")}
     dataset = build_dataset(config, rows, training=False, vocabulary=vocabulary)
     assert find_python_ops(dataset) == []
     batch = next(iter(dataset))
     first = batch["tokens"][0, : int(batch["text_length"][0])].numpy().tolist()
-    assert first in [vocabulary.encode(u.phonemes) for u in rows]  # tokens are the phonemes, not the letters
+    assert first in [vocabulary.encode(u.phonemes, "phonemes") for u in rows]  # tokens are the phonemes, not the letters
 
     keras.utils.set_random_seed(0)
     model = TrainingModel(network_for(config, len(vocabulary)))

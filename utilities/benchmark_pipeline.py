@@ -333,7 +333,7 @@ def baseline_dataset(config, utterances, vocabulary):
             for pattern, replacement in replacements:
                 model_text = pattern.sub(replacement, model_text)
             model_text = model_text.strip()
-        return load(path), np.asarray(vocabulary.encode(model_text), np.int32)
+        return load(path), np.asarray(vocabulary.encode(model_text, c.text_frontend), np.int32)
 
     def features(samples: np.ndarray, reference_path: bytes):
         # As a librosa user would: load the whole file, keep the middle, normalise that (the

@@ -65,7 +65,7 @@ MAX_DURATION_S = 12.0
 # Bump when anything that changes the bytes written changes (sentences, voices, layout),
 # so existing corpora are rebuilt instead of being trusted by their stamp.
 # 2: manifest.jsonl with phonemes instead of metadata.csv; per-clip phoneme timing files.
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 STAMP_FILENAME = ".demo_corpus.json"
 MANIFEST_FILENAME = MANIFEST_JSONL
 # Format 1 wrote an LJSpeech metadata.csv, which manifest readers would still prefer.

@@ -131,8 +131,8 @@ def alignment_errors(network, rows: list[Utterance], vocabulary: Vocabulary, dat
             continue
         timing = read_timing(path)
         symbols = split_symbols(text, d.text_frontend)
-        spoken = [(i, s.replace("ˈ", "").replace("ˌ", "")) for i, s in enumerate(symbols) if s.strip(" ,.?!;:")]
-        truth = [(name, start) for name, start in zip(timing.phonemes, timing.start_samples) if name != "_"]
+        spoken = [(i, _unstressed(s)) for i, s in enumerate(symbols) if s.strip(" ,.?!;:")]
+        truth = [(_unstressed(name), start) for name, start in zip(timing.phonemes, timing.start_samples) if name != "_"]
         if [name for name, _ in truth] != [name for _, name in spoken]:
             skipped += 1
             continue
@@ -152,6 +152,10 @@ def alignment_errors(network, rows: list[Utterance], vocabulary: Vocabulary, dat
         return {"clips": 0, "skipped": skipped, "phonemes": 0, "median_ms": math.nan, "p90_ms": math.nan}
     return {"clips": clips, "skipped": skipped, "phonemes": len(errors_ms),
             "median_ms": float(np.median(errors_ms)), "p90_ms": float(np.percentile(errors_ms, 90))}
+
+
+def _unstressed(phoneme: str) -> str:
+    return phoneme.replace("ˈ", "").replace("ˌ", "")
 
 
 def _trimmed(path: str, d):
