@@ -16,6 +16,8 @@ import time
 import keras
 import tensorflow as tf
 
+from myxtts import compat
+
 
 def optimizer_step(model) -> int:
     return int(keras.ops.convert_to_numpy(model.optimizer.iterations))
@@ -181,13 +183,13 @@ def _between_updates(optimizer) -> bool:
     """False while micro-batch gradients of an unfinished update are accumulated.
 
     A checkpoint taken then would hold them, and the resumed run, which restarts the data at the
-    update boundary, would add those micro-batches a second time. Keras counts micro-batches in the
-    private `_iterations` (the public `iterations` is updates); skipped non-finite steps count in
-    neither, and accumulate nothing.
+    update boundary, would add those micro-batches a second time. Keras counts micro-batches in a
+    private counter (`compat.micro_batches_done`; the public `iterations` is updates); skipped
+    non-finite steps count in neither, and accumulate nothing.
     """
     inner = getattr(optimizer, "inner_optimizer", optimizer)  # under a LossScaleOptimizer
     accumulation = inner.gradient_accumulation_steps
-    return not accumulation or int(keras.ops.convert_to_numpy(inner._iterations)) % accumulation == 0
+    return not accumulation or compat.micro_batches_done(inner) % accumulation == 0
 
 
 class StopAtStep(keras.callbacks.Callback):

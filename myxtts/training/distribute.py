@@ -53,6 +53,7 @@ from typing import Callable, Iterator, Mapping
 
 import tensorflow as tf
 
+from myxtts import compat
 from myxtts.hardware.plan import Plan
 
 
@@ -145,11 +146,11 @@ def strategy_for(plan_or_device_count: Plan | int, *, device_type: str = "GPU",
 
 
 def _replica_local_updates(strategy: tf.distribute.Strategy) -> tf.distribute.Strategy:
-    # `_use_merge_call` is the switch TensorFlow flips itself for XLA-compiled replica functions on
+    # The private `_use_merge_call` is the switch TensorFlow flips itself for XLA-compiled replica functions on
     # GPUs: updates of mirrored variables then run on each replica's own copy and all-reduces become
     # collective ops, instead of synchronising replicas through merge calls that no `tf.cond` may
     # contain. It is sound here because `all_reduce_mean` hands every replica the same gradients.
-    strategy.extended._use_merge_call = lambda: False  # noqa: SLF001 - see the module docstring
+    compat.replica_local_updates(strategy)
     return strategy
 
 
@@ -225,12 +226,8 @@ def prepare_optimizer(optimizer, strategy: tf.distribute.Strategy):
         return optimizer
     for each in (optimizer, getattr(optimizer, "inner_optimizer", None)):
         if each is not None:
-            each._all_reduce_sum_gradients = _already_reduced  # noqa: SLF001 - see the docstring
+            compat.skip_gradient_sum(each)
     return optimizer
-
-
-def _already_reduced(grads_and_vars):
-    return list(grads_and_vars)
 
 
 def all_reduce_mean(values):
