@@ -27,6 +27,7 @@ from myxtts.data.phonemes import check_language, model_texts, phonemize_utteranc
 from myxtts.data.pipeline import build_dataset, copies_to_gpu, to_device
 from myxtts.data.text import Vocabulary
 from myxtts.hardware.detect import detect_machine
+from myxtts.hardware.gpu_memory import allow_memory_growth
 from myxtts.hardware.plan import Plan, RequestedSettings, plan_for_machine
 from myxtts.hardware.probe_runner import probe_batch_size
 from myxtts.hardware.report import short_summary
@@ -117,7 +118,7 @@ def train(config: Config, workdir: str | Path, *, resume: str = "auto", epochs: 
 
     if config.data.text_frontend == "phonemes":
         check_language(config.data.language)  # a typo fails here, not after the hardware probe
-    allow_memory_growth(echo)
+    allow_memory_growth(echo)  # before any GPU work (detection only lists devices)
     automatic_batch = config.data.batch_size == 0
     config, policy, plan = resolve_plan(config, echo)
     # Before any other TensorFlow work: MultiWorkerMirroredStrategy configures the runtime.
@@ -206,17 +207,6 @@ def _check_same_text_frontend(workdir: Path, d) -> None:
             f"vocab.txt holds those tokens; this run asks for {now[0]}, {now[1]}: pass --reset-training "
             "(starts over), another --output-dir, or the run's own settings"
         )
-
-
-def allow_memory_growth(echo=console_echo) -> None:
-    """Let TensorFlow take GPU memory as the run needs it rather than all of it at start, so other
-    processes (the batch probe, a second run, the desktop) keep theirs. Must precede any GPU work:
-    detection only lists devices, which does not start the runtime."""
-    for gpu in tf.config.list_physical_devices("GPU"):
-        try:
-            tf.config.experimental.set_memory_growth(gpu, True)
-        except RuntimeError as error:  # the runtime already started in this process (a second train())
-            echo(f"note: GPU memory growth not changed for {gpu.name}: {error}")
 
 
 class OutOfMemory(RuntimeError):
