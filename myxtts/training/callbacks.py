@@ -4,6 +4,11 @@ Keras' own TensorBoard callback writes the step's metrics; these add what Keras 
 about: our checkpoint layout and meta files, a stop at `max_steps` counted in optimizer updates
 (Keras counts micro-batches), SIGINT/SIGTERM handling, and stopping after a run of non-finite
 losses.
+
+Intervals (log, checkpoint, validation) fire when the optimizer step *crosses* a multiple of the
+interval, not when it equals one: with `training.steps_per_execution` N, Keras calls the callbacks
+once per N micro-batches, so the step jumps by up to N between calls (4, 8, 12 with N = 4) and a
+`step % interval == 0` test would miss most intervals (a log interval of 3 would fire at 12 only).
 """
 
 from __future__ import annotations
@@ -79,7 +84,7 @@ class ProgressLogger(keras.callbacks.Callback):
 
     def on_train_batch_end(self, batch, logs=None):
         step = optimizer_step(self.model)
-        if step == self._last[1] or step % self.interval:
+        if not crossed(self._last[1], step, self.interval):
             return
         now = time.perf_counter()
         steps = step - self._last[1]
@@ -150,7 +155,9 @@ class CheckpointSaver(keras.callbacks.Callback):
         if self.interrupted_by and _between_updates(self.model.optimizer):
             self.model.stop_training = True
             self._save_latest(step, f"{self.interrupted_by} received")
-        elif step % self.interval == 0 and step != self._last_saved:
+        elif crossed(self._last_saved, step, self.interval) and _between_updates(self.model.optimizer):
+            # With several micro-batches per call a call can end inside an accumulated update; the
+            # save then waits for the first call that ends on an update boundary.
             self._save_latest(step)
 
     def on_epoch_end(self, epoch, logs=None):
@@ -177,6 +184,43 @@ class CheckpointSaver(keras.callbacks.Callback):
         self._last_saved = step
         if reason:
             self.echo(f"{reason}: saved {path}; re-run the same command to resume")
+
+
+def crossed(previous_step: int, step: int, interval: int) -> bool:
+    """Whether going from `previous_step` to `step` passed (or reached) a multiple of `interval`."""
+    return step // interval > previous_step // interval
+
+
+class ValidationSchedule(list):
+    """`validation_freq` for `fit`: which epoch ends validate.
+
+    `fit` takes a list of epochs and asks `epoch in validation_freq`, which this answers:
+
+    * never once SIGINT/SIGTERM arrived. Keras would still run the epoch's validation (and the sample
+      synthesis after it) before returning: minutes on a large validation set, longer than a
+      scheduler's grace period before SIGKILL, with Ctrl-C doing nothing meanwhile;
+    * with one micro-batch per call (`every_epoch`), at every epoch end: the trainer's epochs are
+      then exactly `eval_interval` updates long;
+    * with several per call, where the trainer's epoch is one call, at the first epoch end that
+      crossed a multiple of `eval_interval` updates on an update boundary.
+    """
+
+    def __init__(self, saver: "CheckpointSaver", eval_interval: int, start_step: int, every_epoch: bool):
+        super().__init__()
+        self.saver, self.interval, self.every_epoch = saver, eval_interval, every_epoch
+        self._last = start_step  # the step of the last validation (or of the start)
+
+    def __contains__(self, epoch) -> bool:
+        if self.saver.interrupted_by is not None:
+            return False
+        if self.every_epoch:
+            return True
+        model = self.saver.model
+        step = optimizer_step(model)
+        if crossed(self._last, step, self.interval) and _between_updates(model.optimizer):
+            self._last = step
+            return True
+        return False
 
 
 def _between_updates(optimizer) -> bool:

@@ -5,7 +5,8 @@
 
 Keras "epochs" here are validation intervals, not passes over the data: the training set repeats
 forever and the run ends at `training.max_steps` optimizer updates, so resuming, accumulation and
-data size never change what a step means.
+data size never change what a step means. With `training.steps_per_execution` > 1 an epoch is one
+call of that many micro-batches, and validation runs after the first call that crosses an interval.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from myxtts.hardware.probe_runner import probe_batch_size
 from myxtts.hardware.report import short_summary
 from myxtts.models.xtts import network_for
 from myxtts.training.callbacks import (CheckpointSaver, NonFiniteGuard, ProgressLogger, StopAtStep, ValidationSamples,
-                                       console_echo, optimizer_step)
+                                       ValidationSchedule, console_echo, optimizer_step)
 from myxtts.training import distribute
 from myxtts.training.checkpoints import Checkpoints, CheckpointError
 from myxtts.training.optimizers import build_optimizer
@@ -269,12 +270,14 @@ def _fit(config: Config, policy: str, strategy, workdir: Path, train_rows, val_r
 
     guard = NonFiniteGuard(t.max_nonfinite_steps, echo)
     saver = CheckpointSaver(checkpoints, t.checkpoint_interval, echo, guard)
+    per_call = max(t.steps_per_execution, 1)
     callbacks = [
         StopAtStep(t.max_steps),
         guard,
         progress,
         saver,
-        keras.callbacks.TensorBoard(str(workdir / "logs"), update_freq=t.log_interval * accumulation),
+        # Keras' TensorBoard counts calls (of steps_per_execution micro-batches each).
+        keras.callbacks.TensorBoard(str(workdir / "logs"), update_freq=max(1, math.ceil(t.log_interval * accumulation / per_call))),
     ]
     if val_ds is not None and t.log_samples:
         # The fixed sentence: the first clip of the (ordered) validation set, with features computed
@@ -282,7 +285,10 @@ def _fit(config: Config, policy: str, strategy, workdir: Path, train_rows, val_r
         first = model.with_mel(next(iter(val_ds)))
         example = {k: v[0] for k, v in first.items()}
         callbacks.append(ValidationSamples(network, d, example, str(workdir / "logs" / "samples")))
-    interval = t.eval_interval * accumulation  # Keras counts micro-batches
+    # Keras counts micro-batches, and ends an epoch only after a whole call of steps_per_execution of
+    # them (an epoch of 10 runs 12 at 4 per call). So an epoch is one validation interval with one
+    # micro-batch per call, and one call otherwise, validating when a call crosses an interval.
+    epoch_length = t.eval_interval * accumulation if per_call == 1 else per_call
     validation = {}
     if start_step == 0 and val_ds is not None:
         # The untrained model's validation losses: the baseline every later value is judged against.
@@ -291,11 +297,11 @@ def _fit(config: Config, policy: str, strategy, workdir: Path, train_rows, val_r
     if start_step < t.max_steps:
         history = model.fit(
             train_stream,
-            steps_per_epoch=interval,
-            epochs=math.ceil(t.max_steps * accumulation / interval),
-            initial_epoch=micro_steps_done // interval,
+            steps_per_epoch=epoch_length,
+            epochs=math.ceil(t.max_steps * accumulation / epoch_length),
+            initial_epoch=micro_steps_done // epoch_length,
             validation_data=val_ds,
-            validation_freq=_EveryEpochUnlessInterrupted(saver),
+            validation_freq=ValidationSchedule(saver, t.eval_interval, start_step, every_epoch=per_call == 1),
             callbacks=callbacks,
             verbose=0,
         )
@@ -312,23 +318,6 @@ def _fit(config: Config, policy: str, strategy, workdir: Path, train_rows, val_r
         batch_size=d.batch_size,
         gradient_accumulation_steps=accumulation,
     )
-
-
-class _EveryEpochUnlessInterrupted(list):
-    """`validation_freq` for `fit`: validate at every epoch end, except once SIGINT/SIGTERM arrived.
-
-    After a signal, Keras would still run the epoch's validation (and the sample synthesis after
-    it) before returning: minutes on a large validation set, longer than a scheduler's grace period
-    before SIGKILL, with Ctrl-C doing nothing meanwhile. `fit` takes a list of epochs here and asks
-    `epoch in validation_freq`, which this answers.
-    """
-
-    def __init__(self, saver: CheckpointSaver):
-        super().__init__()
-        self.saver = saver
-
-    def __contains__(self, epoch) -> bool:
-        return self.saver.interrupted_by is None
 
 
 def build_training_model(config: Config, vocab_size: int, policy: str, sample_batch: dict,
