@@ -32,7 +32,9 @@ class ProgressLogger(keras.callbacks.Callback):
     """One line every `interval` updates: losses, rate, step time, samples/s and ETA to max_steps.
 
     Also writes step time and samples/s to TensorBoard next to the step's own metrics, and the time
-    the steps waited for input when the training dataset went through `watch_input`.
+    the steps waited for input (`input_wait_ms`), timed by one of two clocks: `watch_input` (inside
+    the pipeline, its last stage) or, when the last stage must be the copy to the GPU,
+    `watch_fetches` (where Keras' loop fetches each batch).
     """
 
     def __init__(self, interval: int, max_steps: int, samples_per_update: int, log_dir: str, echo=print):
@@ -41,7 +43,7 @@ class ProgressLogger(keras.callbacks.Callback):
         self.writer = tf.summary.create_file_writer(log_dir)
         self.echo = echo
         self._last = None  # (time, step)
-        self._input_wait_s = None  # seconds waited since the last line; a variable once watch_input is used
+        self._input_clock = None  # seconds waited since the last line: read_and_reset(); set by watch_*
         self.history: list[dict] = []
         self.validation_history: list[dict] = []
 
@@ -62,8 +64,8 @@ class ProgressLogger(keras.callbacks.Callback):
         """
         with tf.device("/cpu:0"):  # tf.data functions run on the host
             asked_at = tf.Variable(0.0, dtype=tf.float64, trainable=False)
-            self._input_wait_s = tf.Variable(0.0, dtype=tf.float64, trainable=False)
-        waited = self._input_wait_s
+            waited = tf.Variable(0.0, dtype=tf.float64, trainable=False)
+        self._input_clock = _VariableClock(waited)
 
         def ask(_):
             return asked_at.assign(tf.timestamp())
@@ -77,10 +79,21 @@ class ProgressLogger(keras.callbacks.Callback):
         options.experimental_optimization.inject_prefetch = False
         return tf.data.Dataset.zip(asks, dataset).map(delivered).with_options(options)
 
+    def watch_fetches(self, model: keras.Model) -> None:
+        """`input_wait_ms` from the time `model.fit` blocks fetching each batch from its iterator.
+
+        For a training dataset whose last stage is the copy to the GPU (`prefetch_to_device`, which
+        nothing may follow): a clock inside the pipeline would then time the copy's background
+        thread waiting for the host pipeline, up to the whole step when the host is a little slow,
+        not the step waiting for its batch. `compat.time_batch_fetches` times the step's own fetch
+        from the GPU buffer instead, at the cost described there.
+        """
+        self._input_clock = compat.time_batch_fetches(model)
+
     def on_train_begin(self, logs=None):
         self._last = (time.perf_counter(), optimizer_step(self.model))
-        if self._input_wait_s is not None:
-            self._input_wait_s.assign(0.0)
+        if self._input_clock is not None:
+            self._input_clock.read_and_reset()
 
     def on_train_batch_end(self, batch, logs=None):
         step = optimizer_step(self.model)
@@ -94,9 +107,8 @@ class ProgressLogger(keras.callbacks.Callback):
         eta = seconds_per_step * max(self.max_steps - step, 0)
         record = dict(step=step, step_time_s=seconds_per_step, samples_per_s=self.samples_per_update / seconds_per_step, **logs)
         input_wait = ""
-        if self._input_wait_s is not None:
-            record["input_wait_ms"] = float(self._input_wait_s.numpy()) * 1000 / steps
-            self._input_wait_s.assign(0.0)
+        if self._input_clock is not None:
+            record["input_wait_ms"] = self._input_clock.read_and_reset() * 1000 / steps
             input_wait = f" (input wait {record['input_wait_ms']:.0f})"
         self.history.append(record)
         with self.writer.as_default(step=step):
@@ -123,6 +135,18 @@ class ProgressLogger(keras.callbacks.Callback):
         validation = {k: v for k, v in (logs or {}).items() if k.startswith("val_")}
         if validation:
             self.record_validation(optimizer_step(self.model), validation)
+
+
+class _VariableClock:
+    """The seconds `watch_input`'s pipeline stage adds up in a variable."""
+
+    def __init__(self, waited: tf.Variable):
+        self.waited = waited
+
+    def read_and_reset(self) -> float:
+        seconds = float(self.waited.numpy())
+        self.waited.assign(0.0)
+        return seconds
 
 
 class CheckpointSaver(keras.callbacks.Callback):

@@ -254,9 +254,13 @@ def _fit(config: Config, policy: str, strategy, workdir: Path, train_rows, val_r
     micro_steps_done = start_step * accumulation
     if replicas == 1:
         train_stream = train_ds.repeat().skip(micro_steps_done)
-        # Either the copy to the GPU or the input-wait clock can be the last stage, not both: with
-        # the copy, the steps wait on the GPU prefetch, whose background thread the clock cannot see.
-        train_stream = (to_device(train_stream, d) if copies_to_gpu(d) else progress.watch_input(train_stream))
+        if copies_to_gpu(d):
+            # The copy to the GPU must be the last stage, and a clock inside the pipeline would time
+            # its background thread, not the step: time the step's fetch from the GPU buffer instead.
+            train_stream = to_device(train_stream, d)
+            progress.watch_fetches(model)
+        else:
+            train_stream = progress.watch_input(train_stream)
     else:
         def host_stream(batch_size, shard, shards):
             # This host's share of the clips, batched per replica; the distributed iterator moves
