@@ -176,6 +176,9 @@ def _batch_prior(gpus: tuple[GpuFacts, ...], multiplier: int, target: int) -> tu
         return batch, "auto: CPU, smallest batch that keeps steps short (accumulation reaches the target)", 0
     cap = max(1, math.ceil(target / len(gpus)))
     free = min(_usable_memory(g) for g in gpus)
+    if free == 0:  # listed by TensorFlow after NVML failed: the memory is unknown
+        return (min(multiplier, cap), "auto: GPU memory unknown (NVML failed), the smallest prior; set "
+                "data.batch_size", 0)
     base = base_batch_for_memory(free)
     batch = min(base * multiplier, cap)
     reason = f"auto: prior for {free / _GIB:.1f} GiB free GPU memory"
@@ -267,7 +270,10 @@ def _gpu_recommendations(facts: MachineFacts, gpus: tuple[GpuFacts, ...], free: 
     if facts.tensorflow_gpus is not None and not facts.tensorflow_gpus:
         notes.append(f"TensorFlow sees no GPU although NVML lists {len(facts.gpus)}: TensorFlow 2.21 needs "
                      "the CUDA 12 libraries (pip install 'tensorflow[and-cuda]')")
-    if free / _GIB < _TOO_SMALL_FREE_GIB and model_size == "base":
+    if free == 0:
+        notes.append("GPU memory unknown (NVML failed): the batch is the smallest prior and is not probed; set "
+                     "data.batch_size to what fits")
+    elif free / _GIB < _TOO_SMALL_FREE_GIB and model_size == "base":
         notes.append(f"only {free / _GIB:.1f} GiB free GPU memory: the base model may not fit even at batch 1; "
                      "set training.gradient_checkpointing: true and consider model size small")
     elif free / _GIB < _TIGHT_FREE_GIB and model_size == "base":
@@ -353,9 +359,12 @@ def plan_for_machine(facts: MachineFacts, model_size: str = "base",
     notes.extend(_platform_recommendations(facts))
 
     sources["device"] = f"auto: {len(gpus)} GPU(s) chosen" if on_gpu else "auto: no GPU detected or chosen"
-    probe = on_gpu and not requested.batch_size
+    memory_known = all(g.total_memory_bytes > 0 for g in gpus)
+    probe = on_gpu and not requested.batch_size and memory_known
     sources["probe_batch_size"] = ("auto: batch is automatic, measuring can refine it" if probe else
-                                   "auto: batch fixed by config" if on_gpu else "auto: no probing on CPU")
+                                   "auto: batch fixed by config" if on_gpu and requested.batch_size else
+                                   "auto: GPU memory unknown, nothing to fit the probe to" if on_gpu else
+                                   "auto: no probing on CPU")
     return Plan(
         device="gpu" if on_gpu else "cpu",
         gpu_indices=tuple(g.index for g in gpus),
