@@ -72,8 +72,8 @@ def test_probe_measures_in_children_chooses_and_reuses_the_cache(tmp_path):
 
     messages = []
     probed = probe_batch_size(config, plan, _l4(), cache=cache, environ=_environ(FAKE_MACHINE), echo=messages.append)
-    # Measured 4, 8, 12 (each >= 5% faster than the last choice), 16 ran out of memory: 12 it is,
-    # and accumulation follows to keep the effective batch at 32.
+    # The synthetic machine reports 4, 8, 12 (each >= 5% faster than the last choice), 16 out of memory:
+    # 12 it is, and accumulation follows to keep the effective batch at 32.
     assert (probed.batch_size, probed.gradient_accumulation_steps, probed.effective_batch_size) == (12, 3, 36)
     assert probed.sources["batch_size"].startswith("auto: measured (batch 12") and not probed.probe_batch_size
     stored = json.loads(next((tmp_path / "cache").glob("*.json")).read_text())["result"]

@@ -1,8 +1,9 @@
 """The plan: which precision, batch, accumulation and input parallelism fit this machine.
 
 `plan_for_machine` is a pure function of the detected facts, the model size and what the user asked
-for, so every rule below is tested against recorded device profiles. Each value carries its source
-("config" or "auto: <reason>") so the training log says why it runs the way it does.
+for, so every rule below is tested against device profiles built from spec sheets
+(tests/data/device_profiles). Each value carries its source ("config" or "auto: <reason>") so the
+training log says why it runs the way it does.
 
 Rules, in one place:
 - Precision: mixed_bfloat16 from compute capability 8.0 (Ampere and newer have bf16 tensor cores and
