@@ -1,4 +1,5 @@
-"""The batch-size probe's measuring side: child processes, their JSON line, the choice and the cache.
+"""The batch-size probe: child processes (myxtts.training.batch_probe), their JSON line, the choice and
+the cache (myxtts.hardware.probe_runner).
 
 A synthetic machine (`MYXTTS_PROBE_FAKE`) stands in for a GPU, so every piece runs here: real child
 processes print real JSON lines that `run_probe` fits and chooses from. One test also runs the real
@@ -19,7 +20,9 @@ from myxtts.config import load_config
 from myxtts.hardware.detect import MachineFacts
 from myxtts.hardware.plan import RequestedSettings, plan_for_machine
 from myxtts.hardware.probe import ProbeCache
-from myxtts.hardware.probe_runner import FAKE_ENV, probe_batch_size
+from myxtts.hardware import probe_runner
+from myxtts.training import batch_probe
+from myxtts.training.batch_probe import FAKE_ENV
 
 ROOT = Path(__file__).resolve().parents[1]
 PROFILES = ROOT / "tests" / "data" / "device_profiles"
@@ -39,8 +42,14 @@ def _environ(fake: dict | None) -> dict:
 
 
 def _child(args: list[str], fake: dict | None, timeout: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "myxtts.hardware.probe_runner", *args], env=_environ(fake),
+    return subprocess.run([sys.executable, "-m", "myxtts.training.batch_probe", *args], env=_environ(fake),
                           capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+
+
+
+def probe_batch_size(config, plan, facts, **kwargs):
+    """The trainer's call: the child is training's batch_probe module."""
+    return probe_runner.probe_batch_size(config, plan, facts, child_module=batch_probe.__name__, **kwargs)
 
 
 def _l4():

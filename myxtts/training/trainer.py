@@ -35,7 +35,7 @@ from myxtts.hardware.report import short_summary
 from myxtts.models.xtts import network_for
 from myxtts.training.callbacks import (CheckpointSaver, NonFiniteGuard, ProgressLogger, StopAtStep, ValidationSamples,
                                        ValidationSchedule, console_echo, optimizer_step)
-from myxtts.training import distribute
+from myxtts.training import batch_probe, distribute
 from myxtts.training.checkpoints import Checkpoints, CheckpointError
 from myxtts.training.optimizers import build_optimizer
 from myxtts.training.step import TrainingModel
@@ -82,7 +82,7 @@ def resolve_plan(config: Config, echo=console_echo) -> tuple[Config, str, Plan]:
     # The replicas of every host share the effective batch; then measure the batch on this GPU model
     # (cached, and before this process claims GPU memory).
     plan = distribute.with_replicas(plan, distribute.planned_replicas(plan))
-    plan = probe_batch_size(config, plan, facts, echo=echo)
+    plan = probe_batch_size(config, plan, facts, child_module=batch_probe.__name__, echo=echo)
     echo(short_summary(plan, facts))
     resolved = dataclasses.replace(
         config,
