@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import os
 import subprocess
 import sys
@@ -136,13 +135,11 @@ def probe_batch_size(config: Config, plan: Plan, facts: MachineFacts, *, child_m
         echo(f"probe: {cached.reason} (cached in {cache.path_for(key)})")
         return with_measured_batch(plan, cached.chosen_batch, cached.reason + ", cached")
     free = _smallest_gpu(plan, facts).free_memory_bytes or _smallest_gpu(plan, facts).total_memory_bytes
-    per_replica_cap = max(plan.batch_size, math.ceil(plan.target_effective_batch_size / plan.num_replicas))
-    candidates = candidate_batch_sizes(plan.batch_size, per_replica_cap)
+    batches = plan.batch_plan
+    candidates = candidate_batch_sizes(plan.batch_size, max(plan.batch_size, batches.largest_useful_batch))
 
-    def accumulation_for(batch: int) -> int:
-        if plan.sources.get("gradient_accumulation_steps") == "config":
-            return plan.gradient_accumulation_steps
-        return math.ceil(plan.target_effective_batch_size / (batch * plan.num_replicas))
+    def accumulation_for(batch: int) -> int:  # the child builds the optimizer's accumulators as training will
+        return batches.with_batch(batch).accumulation
 
     echo(f"probe: measuring batch sizes {candidates} on one GPU (once per setup)")
     with tempfile.TemporaryDirectory(prefix="myxtts-probe-") as folder:

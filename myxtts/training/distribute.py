@@ -46,7 +46,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-import math
 import os
 from pathlib import Path
 from typing import Callable, Iterator, Mapping
@@ -54,6 +53,7 @@ from typing import Callable, Iterator, Mapping
 import tensorflow as tf
 
 from myxtts import compat
+from myxtts.hardware.batch_plan import BatchPlan
 from myxtts.hardware.plan import Plan
 
 
@@ -269,7 +269,7 @@ def _across_workers(strategy: tf.distribute.Strategy) -> bool:
 
 
 def global_batch_size(per_replica_batch: int, strategy: tf.distribute.Strategy) -> int:
-    return per_replica_batch * replicas(strategy)
+    return BatchPlan(per_replica_batch, replicas=replicas(strategy)).global_batch_size
 
 
 def planned_replicas(plan: Plan, environ: Mapping[str, str] | None = None) -> int:
@@ -294,18 +294,8 @@ def with_replicas(plan: Plan, num_replicas: int) -> Plan:
         raise DistributionError(f"num_replicas must be >= 1, got {num_replicas}")
     if num_replicas == plan.num_replicas:
         return plan
-    sources = dict(plan.sources)
-    if sources.get("gradient_accumulation_steps") == "config":
-        accumulation = plan.gradient_accumulation_steps
-    else:
-        accumulation = max(1, math.ceil(plan.target_effective_batch_size / (plan.batch_size * num_replicas)))
-        sources["gradient_accumulation_steps"] = (
-            f"auto: ceil({plan.target_effective_batch_size} / ({plan.batch_size} x {num_replicas} replica(s)))")
-    sources["num_replicas"] = f"auto: {num_replicas} replica(s) in the cluster"
-    sources["effective_batch_size"] = (
-        f"batch {plan.batch_size} x accumulation {accumulation} x {num_replicas} replica(s)")
-    return dataclasses.replace(plan, num_replicas=num_replicas, gradient_accumulation_steps=accumulation,
-                               effective_batch_size=plan.batch_size * accumulation * num_replicas, sources=sources)
+    return plan.with_batch_plan(plan.batch_plan.with_replicas(num_replicas),
+                                sources={"num_replicas": f"auto: {num_replicas} replica(s) in the cluster"})
 
 
 def distribute_dataset(strategy: tf.distribute.Strategy, per_replica_batch: int,

@@ -27,6 +27,7 @@ from myxtts.data.manifest import read_manifest, split_train_val
 from myxtts.data.phonemes import check_language, model_texts, phonemize_utterances
 from myxtts.data.pipeline import build_dataset, copies_to_gpu, to_device
 from myxtts.data.text import Vocabulary
+from myxtts.hardware.batch_plan import BatchPlan
 from myxtts.hardware.detect import detect_machine
 from myxtts.hardware.gpu_memory import allow_memory_growth
 from myxtts.hardware.plan import Plan, RequestedSettings, plan_for_machine
@@ -138,10 +139,8 @@ def train(config: Config, workdir: str | Path, *, resume: str = "auto", epochs: 
 
     train_rows, val_rows = load_splits(config)
     if epochs is not None:
-        t, d = config.training, config.data
-        steps = math.ceil(epochs * len(train_rows) / (distribute.global_batch_size(d.batch_size, strategy)
-                                                      * max(t.gradient_accumulation_steps, 1)))
-        config = dataclasses.replace(config, training=dataclasses.replace(t, max_steps=max(steps, 1)))
+        steps = batch_plan_of(config, distribute.replicas(strategy)).updates_for(epochs * len(train_rows))
+        config = dataclasses.replace(config, training=dataclasses.replace(config.training, max_steps=steps))
     train_rows, val_rows, vocabulary = prepare_text(config, workdir, train_rows, val_rows, rebuild_vocabulary=resume == "reset")
     echo(f"data: {len(train_rows)} training and {len(val_rows)} validation clips, vocabulary of {len(vocabulary)} tokens")
 
@@ -158,16 +157,24 @@ def train(config: Config, workdir: str | Path, *, resume: str = "auto", epochs: 
                     f"back-off) and raise training.gradient_accumulation_steps to keep the effective batch; "
                     f"training.precision: bf16 or fp16 also halves activation memory"
                 ) from None
-            accumulation = max(t.gradient_accumulation_steps, 1) * 2
+            current = batch_plan_of(config, distribute.replicas(strategy))
+            smaller = current.halved()
+            effective = ("same effective batch" if smaller.samples_per_update == current.samples_per_update else
+                         f"effective batch {current.samples_per_update} -> {smaller.samples_per_update}")
             echo(f"out of memory at batch {d.batch_size}: continuing from the last checkpoint with batch "
-                 f"{d.batch_size // 2} x accumulation {accumulation} (same effective batch)")
+                 f"{smaller.batch_size} x accumulation {smaller.accumulation} ({effective})")
             config = dataclasses.replace(
                 config,
-                data=dataclasses.replace(d, batch_size=d.batch_size // 2),
-                training=dataclasses.replace(t, gradient_accumulation_steps=accumulation),
+                data=dataclasses.replace(d, batch_size=smaller.batch_size),
+                training=dataclasses.replace(t, gradient_accumulation_steps=smaller.accumulation),
             )
             resume = "auto"
             strict_restore = False  # the optimizer now has accumulators the checkpoint lacks
+
+
+def batch_plan_of(config: Config, replicas: int) -> BatchPlan:
+    """The resolved config's batch x accumulation x `replicas` (the strategy's count)."""
+    return BatchPlan(config.data.batch_size, max(config.training.gradient_accumulation_steps, 1), replicas)
 
 
 def prepare_text(config: Config, workdir: Path, train_rows, val_rows, *, rebuild_vocabulary: bool = False):
@@ -248,7 +255,8 @@ def _fit(config: Config, policy: str, strategy, workdir: Path, train_rows, val_r
     if start_step >= t.max_steps:
         echo(f"already at step {start_step} >= training.max_steps ({t.max_steps}); raise --max-steps to train further")
 
-    progress = ProgressLogger(t.log_interval, t.max_steps, d.batch_size * accumulation * replicas, str(workdir / "logs" / "train"), echo)
+    samples_per_update = batch_plan_of(config, replicas).samples_per_update
+    progress = ProgressLogger(t.log_interval, t.max_steps, samples_per_update, str(workdir / "logs" / "train"), echo)
     # Resume also continues the data order: replay the seeded stream up to where it stopped
     # (cheap with data.cache_features; it recomputes the skipped batches' features without).
     micro_steps_done = start_step * accumulation
