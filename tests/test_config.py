@@ -1,8 +1,10 @@
 """The config tree: YAML mirrors the defaults, strict keys and types, presets and their precedence."""
 
+import ast
 import dataclasses
 import inspect
 import re
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -34,26 +36,128 @@ def test_every_key_is_documented_by_a_comment_in_config_yaml():
         assert line is not None and "#" in line, f"{key} has no documented line in configs/config.yaml"
 
 
-def _derived_properties() -> dict[str, set[str]]:
-    """property name -> the config fields its body reads (e.g. mel_fmax -> {fmax, sample_rate})."""
-    derived = {}
-    for section in (cfg.DataConfig, cfg.ModelConfig, cfg.TrainingConfig, cfg.HardwareConfig):
-        for name, member in vars(section).items():
-            if isinstance(member, property):
-                derived[name] = set(re.findall(r"self\.(\w+)", inspect.getsource(member.fget)))
-    return derived
+# --------------------------------------------------------------------------------------------------
+# "Every key does something": a key counts as read where an expression known to be its section (or the
+# Config) has it as an attribute, not where the word appears after any dot (`gpu.size`, `batch.size`).
+
+_SECTIONS = {"data": cfg.DataConfig, "model": cfg.ModelConfig, "training": cfg.TrainingConfig,
+             "hardware": cfg.HardwareConfig}
+_TYPE_OF_CLASS = {"Config": "Config", **{section_class.__name__: name for name, section_class in _SECTIONS.items()}}
+
+
+def _annotation_type(node) -> str | None:
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):  # "Config" written as a string
+        node = ast.parse(node.value, mode="eval").body
+    if isinstance(node, ast.BinOp):  # DataConfig | None
+        return _annotation_type(node.left) or _annotation_type(node.right)
+    return _TYPE_OF_CLASS.get(node.attr if isinstance(node, ast.Attribute) else getattr(node, "id", None))
+
+
+def _config_type(node, names: dict) -> str | None:
+    """"Config", a section name ("data", ...) or None: what `node` is, as far as the code shows.
+
+    Known: names bound in the scope (from such expressions, or annotated parameters), `config`,
+    `x.config`, `data_config`, `<Config>.data`, `load_config(...)`, `dataclasses.replace(<known>, ...)`.
+    """
+    if isinstance(node, ast.Name):
+        return names.get(node.id, {"config": "Config", "cfg": "Config", "data_config": "data"}.get(node.id))
+    if isinstance(node, ast.Attribute):
+        if node.attr in ("config", "data_config"):
+            return "Config" if node.attr == "config" else "data"
+        return node.attr if node.attr in _SECTIONS and _config_type(node.value, names) == "Config" else None
+    if isinstance(node, ast.Call):
+        called = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", None)
+        if called == "load_config":
+            return "Config"
+        if called == "replace" and node.args:
+            return _config_type(node.args[0], names)
+    return None
+
+
+def _scope_names(scope) -> dict:
+    names = {}
+    arguments = getattr(scope, "args", None)
+    for argument in (arguments.posonlyargs + arguments.args + arguments.kwonlyargs) if arguments else []:
+        if argument.annotation is not None and _annotation_type(argument.annotation):
+            names[argument.arg] = _annotation_type(argument.annotation)
+    for _ in range(2):  # `t, d = config.training, config.data`, then `c = d`
+        for node in ast.walk(scope):
+            if isinstance(node, ast.Assign):
+                for target in node.targets:
+                    pairs = [(target, node.value)]
+                    if isinstance(target, ast.Tuple) and isinstance(node.value, ast.Tuple):
+                        pairs = list(zip(target.elts, node.value.elts))
+                    for name, value in pairs:
+                        if isinstance(name, ast.Name) and _config_type(value, names):
+                            names[name.id] = _config_type(value, names)
+    return names
+
+
+def config_reads(source: str) -> set[tuple[str, str]]:
+    """(section or "Config", attribute) for every attribute read on a config object in `source`."""
+    tree = ast.parse(source)
+    found = set()
+    for scope in [tree] + [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]:
+        names = _scope_names(scope)
+        for node in ast.walk(scope):
+            if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load) and _config_type(node.value, names):
+                found.add((_config_type(node.value, names), node.attr))
+            elif (isinstance(node, ast.Call) and getattr(node.func, "id", None) == "getattr" and len(node.args) >= 2
+                  and isinstance(node.args[1], ast.Constant) and _config_type(node.args[0], names)):
+                found.add((_config_type(node.args[0], names), node.args[1].value))
+    return found
+
+
+def _with_derived_members(found: set) -> set:
+    """Adds the fields that each read property or method of a section reads (bucket_mel_lengths ->
+    bucket_boundaries_s, sample_rate, hop_length via frames_for_samples, ...)."""
+    found = set(found)
+    for section, section_class in _SECTIONS.items():
+        uses = {}
+        for name, member in vars(section_class).items():
+            function = member.fget if isinstance(member, property) else member if inspect.isfunction(member) else None
+            try:
+                tree = ast.parse(textwrap.dedent(inspect.getsource(function))) if function else None
+            except OSError:  # made by @dataclass (__init__, __eq__), not ours
+                continue
+            if tree is not None:
+                uses[name] = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)
+                              and getattr(n.value, "id", None) == "self"}
+        grown = True
+        while grown:
+            before = len(found)
+            for name, fields in uses.items():
+                if (section, name) in found:
+                    found |= {(section, field) for field in fields}
+            grown = len(found) > before
+    return found
+
+
+def unread_keys(sources: list[str]) -> list[str]:
+    found = _with_derived_members(set().union(*(config_reads(source) for source in sources)))
+    return [key for key in cfg.all_keys() if (tuple(key.split(".")) if "." in key else ("Config", key)) not in found]
 
 
 def test_every_key_is_read_somewhere_outside_the_config_module():
     files = [p for folder in ("myxtts", "utilities") for p in (ROOT / folder).rglob("*.py") if p.name != "config.py"]
-    sources = "\n".join(p.read_text() for p in files + list(ROOT.glob("train_main.py")))
-    sources += inspect.getsource(cfg.apply_preset)  # the loader itself reads the optimization level
-    used = {m for m in re.findall(r"\.(\w+)\b", sources)}
-    for prop, fields in _derived_properties().items():
-        if prop in used:
-            used |= fields
-    unread = [k for k in cfg.all_keys() if k.rsplit(".", 1)[-1] not in used]
-    assert not unread, f"config keys nothing reads: {unread}"
+    sources = [p.read_text(encoding="utf-8") for p in files + [ROOT / "train_main.py"]]
+    sources.append(textwrap.dedent(inspect.getsource(cfg.apply_preset)))  # the loader reads the optimization level
+    assert unread_keys(sources) == [], "config keys nothing reads"
+
+
+def test_a_key_counts_as_read_only_on_a_config_object():
+    everything = cfg.all_keys()
+    read_elsewhere = "def f(gpu, batch):\n    return gpu.size, batch.shuffle_buffer_size, batch.data.seed\n"
+    assert unread_keys([read_elsewhere]) == everything  # the same words on other objects read nothing
+    read = ("def f(config, c: DataConfig):\n"
+            "    t, d = config.training, config.data\n"
+            "    local = dataclasses.replace(config, seed=1)\n"
+            "    return config.model.size, c.shuffle_buffer_size, t.max_steps, local.seed, d.bucket_mel_lengths\n")
+    unread = unread_keys([read])
+    for key in ("model.size", "data.shuffle_buffer_size", "training.max_steps", "seed",
+                "data.bucket_boundaries_s", "data.sample_rate", "data.hop_length"):  # the last three via the property
+        assert key not in unread, key
+    assert "data.n_mels" in unread and "training.learning_rate" in unread
 
 
 def test_unknown_key_names_key_file_and_closest_match(tmp_path):

@@ -18,7 +18,7 @@ from myxtts.diagnostics.bottleneck import diagnose, gpu_section
 from myxtts.diagnostics.config_patch import patched_path, write_patched_config
 from myxtts.diagnostics.gpu_sampler import GpuSeries
 from myxtts.diagnostics.profile_trace import capture_trace
-from myxtts.diagnostics.report import format_report
+from myxtts.diagnostics.report import _gpu_lines, format_report
 from myxtts.diagnostics.static_checks import describe_function, static_checks
 from myxtts.diagnostics.timeline_plot import plot_timeline
 from myxtts.diagnostics.timing import CompiledStep
@@ -175,10 +175,12 @@ def _training(input_share, host_share=0.01):
             "compiled_step": {"share": 1 - input_share - host_share}, "compile_steps": 0, "steps": 10}
 
 
-def _gpu(mean, memory_used=0.3, controller=20.0):
+def _gpu(mean, memory_used=0.3, controller=20.0, reserved=0.99):
+    """A sampled 80 GiB GPU: TensorFlow's peak at `memory_used` of it, NVML's used memory at `reserved`."""
     return {"available": True, "utilization": {"mean": mean, "p10": mean, "p90": mean, "below_30_share": 0.0},
-            "oscillation": {"score": 0.0, "period_s": None}, "memory_used_bytes": int(memory_used * 80 * 2**30),
-            "memory_total_bytes": 80 * 2**30, "memory_controller_mean": controller}
+            "oscillation": {"score": 0.0, "period_s": None}, "memory_used_bytes": int(reserved * 80 * 2**30),
+            "memory_total_bytes": 80 * 2**30, "memory_controller_mean": controller,
+            "tensorflow_peak_bytes": None if memory_used is None else int(memory_used * 80 * 2**30)}
 
 
 def _static(**settings):
@@ -221,6 +223,113 @@ def test_gpu_verdicts_and_their_recommendations():
     changes = [r["change"] for r in recommend(verdict, _static(prefetch_to_gpu=True, cache_features=False),
                                               {"training": _training(0.3)}, _gpu(20), (9, 0))]
     assert changes == ["data.cache_features: true", "data.mel_on_device: true"]
+
+
+def test_memory_verdict_rests_on_tensorflows_peak_not_on_what_nvml_sees_reserved():
+    # Without memory growth TensorFlow reserves the card: NVML says 99% used on a run that holds 30%.
+    healthy = _gpu(95, memory_used=0.30, reserved=0.99)
+    verdict = decide(_training(0.01), healthy)
+    assert verdict.kind == "compute-bound"
+    keys = [r["key"] for r in recommend(verdict, _static(), {"training": _training(0.01)}, healthy, (9, 0))]
+    assert "data.batch_size" not in keys  # 95% busy: no bigger batch either, and never a smaller one
+    roomy = _gpu(60, memory_used=0.30, reserved=0.99)
+    changes = [r["change"] for r in recommend(decide(_training(0.01), roomy), _static(), {"training": _training(0.01)},
+                                              roomy, (9, 0))]
+    assert "data.batch_size: 32" in changes  # TensorFlow held 30%: room to grow, whatever NVML shows
+    # TensorFlow itself near the limit: memory-bound, and the batch is halved.
+    full = _gpu(95, memory_used=0.97, reserved=0.97)
+    verdict = decide(_training(0.01), full)
+    assert verdict.kind == "memory-bound" and "TensorFlow's peak was 97%" in verdict.reasons[-1]
+    # Peak unknown: NVML's figure alone never makes a memory verdict, and the reasons say why.
+    unknown = _gpu(95, memory_used=None, reserved=0.99)
+    verdict = decide(_training(0.01), unknown)
+    assert verdict.kind == "compute-bound"
+    assert any("TensorFlow's memory peak was not measured" in reason for reason in verdict.reasons)
+    report = {"available": True, **unknown, "device": "Fake GPU", "samples": 1, "source": "polling", "note": None,
+              "idle_reason_share": None}
+    assert "TensorFlow's peak not measured (NVML: 79.2 GiB in use" in "\n".join(_gpu_lines({"gpu": report}))
+
+
+def test_diagnose_reads_tensorflows_peak_over_the_training_measurement_only():
+    events = []
+
+    class FakeDeviceMemory:
+        def reset(self):
+            events.append("reset")
+
+        def peak_bytes(self):
+            events.append("peak")
+            return 3 * 2**30
+
+    step = _cheap_step()
+    counted = CompiledStep(run=lambda batch: (events.append("step"), step.run(batch))[1], finish=step.finish)
+    dataset = tf.data.Dataset.from_tensor_slices({"mel": tf.ones([8, 4, 3])}).batch(2)
+    static = static_checks(load_config(), dataset, policy="float32", usable_cores=2, gpu_available=False)
+    report = _diagnose(dataset, counted, static, device_memory=FakeDeviceMemory())
+    assert report["gpu"]["tensorflow_peak_bytes"] == 3 * 2**30 and report_schema.schema_errors(report) == []
+    # Reset after the compile and step-alone runs, read after (c): the peak is that of training only.
+    first_reset, peak = events.index("reset"), events.index("peak")
+    assert events.count("reset") == events.count("peak") == 1
+    assert events[first_reset + 1:peak].count("step") == 8 + 1  # (c)'s untimed first step and its 8
+    assert "step" in events[:first_reset]
+
+
+def test_memory_growth_is_set_for_every_gpu_and_a_started_runtime_is_reported():
+    from myxtts.hardware.gpu_memory import TensorFlowPeakMemory, allow_memory_growth
+
+    class FakeDevice:
+        def __init__(self, name):
+            self.name = name
+
+    class FakeConfig:
+        def __init__(self, fail_on=()):
+            self.grown, self.fail_on, self.calls = [], fail_on, []
+            self.experimental = self
+
+        def list_physical_devices(self, kind):
+            return [FakeDevice("/physical_device:GPU:0"), FakeDevice("/physical_device:GPU:1")] if kind == "GPU" else []
+
+        def set_memory_growth(self, device, enabled):
+            if device.name in self.fail_on:
+                raise RuntimeError("Physical devices cannot be modified after being initialized")
+            self.grown.append((device.name, enabled))
+
+        def reset_memory_stats(self, device):
+            self.calls.append(("reset", device))
+
+        def get_memory_info(self, device):
+            self.calls.append(("info", device))
+            return {"current": 1, "peak": 5 * 2**30}
+
+    config, lines = FakeConfig(), []
+    assert allow_memory_growth(lines.append, tf_config=config) == 2
+    assert config.grown == [("/physical_device:GPU:0", True), ("/physical_device:GPU:1", True)] and lines == []
+    started = FakeConfig(fail_on=("/physical_device:GPU:1",))
+    assert allow_memory_growth(lines.append, tf_config=started) == 1
+    assert lines == ["note: GPU memory growth not changed for /physical_device:GPU:1: Physical devices cannot be "
+                     "modified after being initialized"]
+    memory = TensorFlowPeakMemory("GPU:1", tf_config=config)
+    memory.reset()
+    assert memory.peak_bytes() == 5 * 2**30 and config.calls == [("reset", "GPU:1"), ("info", "GPU:1")]
+
+
+def test_the_diagnosis_enables_memory_growth_before_any_gpu_work(monkeypatch):
+    from myxtts.diagnostics import training_setup
+
+    order = []
+
+    class Stop(Exception):
+        pass
+
+    def resolve_hardware(config, echo):  # the hardware plan: the first step that can start TensorFlow's runtime
+        order.append("plan")
+        raise Stop
+
+    monkeypatch.setattr(training_setup, "allow_memory_growth", lambda echo: order.append("growth"))
+    monkeypatch.setattr(training_setup, "resolve_hardware", resolve_hardware)
+    with pytest.raises(Stop):
+        training_setup.prepare_run(load_config())
+    assert order == ["growth", "plan"]
 
 
 def test_xla_without_bucketing_is_flagged_whatever_the_verdict():
@@ -282,8 +391,23 @@ def test_apply_refuses_a_copy_that_does_not_load(tmp_path):
     assert write_patched_config(path, []) == (None, [])
 
 
-def test_cli_end_to_end_on_the_tiny_model(tmp_path, corpus, capsys):
+def test_cli_end_to_end_on_the_tiny_model(tmp_path, corpus, capsys, monkeypatch):
+    from myxtts.diagnostics import training_setup
+
     corpus_dir, _, _ = corpus
+    # Every batch the CLI's pipeline delivers waits 0.4 s on a "slow disk", on the consumer's thread:
+    # several times the tiny step, so exactly one verdict is right (input-bound) on any load.
+    def slow_disk(mel):
+        time.sleep(0.4)
+        return mel
+
+    def slow_batches(config, rows, **kwargs):
+        def delayed(batch):
+            mel = tf.numpy_function(slow_disk, [batch["mel"]], tf.float32, name="slow_disk")
+            return {**batch, "mel": tf.ensure_shape(mel, batch["mel"].shape)}
+        return build_dataset(config, rows, **kwargs).map(delayed)
+
+    monkeypatch.setattr(training_setup, "build_dataset", slow_batches)
     config_path = tmp_path / "run.yaml"
     config_path.write_text(yaml.safe_dump({**USER_YAML, "data": {**USER_YAML["data"], "bucket_boundaries_s": [6.0]}}),
                            encoding="utf-8")
@@ -296,9 +420,14 @@ def test_cli_end_to_end_on_the_tiny_model(tmp_path, corpus, capsys):
     assert code == 0, err
     report = json.loads((tmp_path / "out" / "report.json").read_text())
     assert report_schema.schema_errors(report) == []
-    assert report["verdict"]["kind"] in ("input-bound", "host-overhead-bound", "compute-bound")
+    assert report["verdict"]["kind"] == "input-bound"
+    assert report["measurements"]["training"]["input_classification"] == "highly"
+    assert report["measurements"]["training"]["input_wait"]["p50_ms"] >= 300
     assert report["gpu"]["available"] is False and report["gpu"]["note"].startswith("no GPU to sample")
-    assert report["static"]["settings"]["model_size"] == "tiny" and report["static"]["python_ops"] == []
+    assert report["gpu"]["tensorflow_peak_bytes"] is None  # no GPU TensorFlow sees: nothing to measure
+    assert report["static"]["settings"]["model_size"] == "tiny"
+    assert [op["node"] for op in report["static"]["python_ops"]] == ["slow_disk"]
+    assert "slow_disk" in report["recommendations"][0]["change"]
     training = report["measurements"]["training"]
     assert training["steps"] == 4 and len(training["per_step"]) == 4
     assert report["measurements"]["precompile"]["shapes"] == 1  # one bucket: one program
@@ -306,10 +435,8 @@ def test_cli_end_to_end_on_the_tiny_model(tmp_path, corpus, capsys):
     assert (tmp_path / "out" / "timeline.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert f"Verdict: {report['verdict']['kind'].upper()}" in out and "(a) input pipeline alone" in out
     assert config_path.read_bytes() == original
-    if any(item["key"] for item in report["recommendations"]):
-        load_config(patched_path(config_path))
-    else:
-        assert "nothing written" in err
+    patched = load_config(patched_path(config_path))  # input-bound: cache_features (off in USER_YAML) among others
+    assert patched.data.cache_features is True
 
 
 def test_profiler_trace_is_written(tmp_path):

@@ -1,4 +1,5 @@
-"""The NVML sampler thread and the utilization statistics, on recorded series through a fake pynvml."""
+"""The NVML sampler thread and the utilization statistics, on synthesized series (tests/data/gpu_samples,
+made by generate.py, never recorded on a GPU) served by a fake pynvml."""
 
 import json
 import time
@@ -28,7 +29,7 @@ class FakeNVMLError(Exception):
 
 
 class FakeNvml:
-    """Replays a recorded series the way the driver serves it, on the sampler's clock.
+    """Replays a synthesized series the way the driver serves it, on the sampler's clock.
 
     `nvmlDeviceGetSamples` returns the samples newer than the timestamp asked for and not in the
     future (NOT_FOUND when there are none), so the sampler has to track what it has seen. The
@@ -133,7 +134,7 @@ def test_sampler_reads_every_buffered_sample_once_in_order(name):
     assert max(series.memory_used_bytes) == 12 * 2**30
 
 
-def test_recorded_series_statistics():
+def test_synthesized_series_statistics():
     steady = gpu_section(replay("steady_90")[1], None, 0.0)
     assert steady["utilization"]["mean"] == pytest.approx(90, abs=1)
     assert steady["utilization"]["below_30_share"] == 0

@@ -15,7 +15,9 @@ from myxtts.hardware.detect import (
     apply_cuda_visible_devices,
     architecture_for,
     detect_machine,
+    nvml_error_means_no_gpu,
 )
+from myxtts.hardware.plan import plan_for_machine
 from myxtts.hardware.host import (
     HostPaths,
     cgroup_cpu_limit,
@@ -30,19 +32,27 @@ MIB = 2**20
 
 
 class FakeNvml:
-    """Just the pynvml calls detection makes, over a list of device dicts; `fail` names a call to break."""
+    """Just the pynvml calls detection makes, over a list of device dicts; `fail` names a call to break
+    and `error_code` the NVML error it raises (999 Unknown Error by default; 9 driver not loaded,
+    12 library not found, 18 driver/library version mismatch), carried in `.value` as pynvml does."""
+
+    NVML_ERROR_DRIVER_NOT_LOADED = 9
+    NVML_ERROR_LIBRARY_NOT_FOUND = 12
 
     class NVMLError(Exception):
-        pass
+        def __init__(self, message, value=999):
+            super().__init__(message)
+            self.value = value
 
-    def __init__(self, devices, fail=None):
+    def __init__(self, devices, fail=None, error_code=999):
         self.devices = devices
         self.fail = fail
+        self.error_code = error_code
         self.shutdown_calls = 0
 
     def _check(self, call):
         if self.fail == call:
-            raise self.NVMLError(f"{call} failed: Unknown Error")
+            raise self.NVMLError(f"{call} failed: Unknown Error", self.error_code)
 
     def nvmlInit(self):
         self._check("init")
@@ -131,23 +141,60 @@ def test_nvml_gpus_become_facts(tmp_path):
     assert any("CUDA_DEVICE_ORDER=PCI_BUS_ID" in n for n in facts.notes)  # two different models
 
 
-@pytest.mark.parametrize("fail", ["init", "count", "memory"])
-def test_nvml_errors_give_cpu_facts_and_a_note(tmp_path, fail):
-    facts = detect_machine(nvml_module=FakeNvml([device(0)], fail=fail), environ={}, host_paths=host(tmp_path))
+@pytest.mark.parametrize("code", [9, 12])  # driver not loaded, NVML library not found
+def test_no_nvidia_driver_gives_cpu_facts_and_a_note(tmp_path, code):
+    facts = detect_machine(nvml_module=FakeNvml([device(0)], fail="init", error_code=code), environ={},
+                           host_paths=host(tmp_path),
+                           tensorflow_gpu_lister=lambda: pytest.fail("no driver: TensorFlow is not asked"))
     assert facts.gpus == ()
-    assert len([n for n in facts.notes if "NVML unavailable" in n]) == 1
-    assert "Unknown Error" in facts.notes[0]
+    assert len([n for n in facts.notes if "NVML unavailable" in n and "planning for CPU" in n]) == 1
+
+
+A100_FROM_TENSORFLOW = [("NVIDIA A100-SXM4-80GB", (8, 0)), ("NVIDIA A100-SXM4-80GB", (8, 0))]
+
+
+@pytest.mark.parametrize("fail,code", [("init", 999), ("init", 18), ("count", 999), ("memory", 999)])
+def test_other_nvml_errors_warn_and_plan_for_the_gpus_tensorflow_lists(tmp_path, fail, code):
+    # "Unknown Error" or a driver/library version mismatch on a GPU machine: not "no GPU".
+    nvml = FakeNvml([device(0), device(1)], fail=fail, error_code=code)
+    with pytest.warns(RuntimeWarning, match=r"NVML failed .*TensorFlow lists 2 GPU\(s\).*set data\.batch_size"):
+        facts = detect_machine(nvml_module=nvml, environ={"CUDA_VISIBLE_DEVICES": "0,1"}, host_paths=host(tmp_path),
+                               tensorflow_gpu_lister=lambda: A100_FROM_TENSORFLOW)
+    assert [(g.index, g.name, g.compute_capability, g.total_memory_bytes) for g in facts.gpus] == [
+        (0, "NVIDIA A100-SXM4-80GB", (8, 0), 0), (1, "NVIDIA A100-SXM4-80GB", (8, 0), 0)]
+    assert any("Unknown Error" in n and "fix NVML" in n for n in facts.notes)
+    plan = plan_for_machine(facts, "base")
+    assert plan.device == "gpu" and plan.num_replicas == 2 and plan.precision == "mixed_bfloat16"
+    assert plan.batch_size == 1 and not plan.probe_batch_size  # memory unknown: smallest prior, nothing to probe against
+    assert "set data.batch_size" in plan.sources["batch_size"]
+    assert any("GPU memory unknown" in n for n in plan.recommendations)
+
+
+def test_other_nvml_errors_without_a_tensorflow_gpu_warn_and_plan_for_cpu(tmp_path):
+    with pytest.warns(RuntimeWarning, match="TensorFlow lists no GPU: planning for CPU.*nvidia-smi"):
+        facts = detect_machine(nvml_module=FakeNvml([device(0)], fail="init"), environ={}, host_paths=host(tmp_path),
+                               tensorflow_gpu_lister=lambda: [])
+    assert facts.gpus == () and "Unknown Error" in facts.notes[0]
 
 
 def test_fake_pynvml_module_through_import(monkeypatch, tmp_path):
-    fake = FakeNvml([device(0)], fail="init")
+    fake = FakeNvml([device(0)], fail="init", error_code=9)
     module = types.ModuleType("pynvml")
     for name in dir(fake):
-        if name.startswith("nvml") or name == "NVMLError":
+        if name.startswith(("nvml", "NVML")):
             setattr(module, name, getattr(fake, name))
     monkeypatch.setitem(sys.modules, "pynvml", module)
     facts = detect_machine(environ={}, host_paths=host(tmp_path))
     assert facts.gpus == () and "NVML unavailable" in facts.notes[0]
+
+
+def test_real_pynvml_errors_are_classified():
+    pynvml = pytest.importorskip("pynvml")
+    assert nvml_error_means_no_gpu(pynvml, pynvml.NVMLError(pynvml.NVML_ERROR_DRIVER_NOT_LOADED))
+    assert nvml_error_means_no_gpu(pynvml, pynvml.NVMLError(pynvml.NVML_ERROR_LIBRARY_NOT_FOUND))
+    assert not nvml_error_means_no_gpu(pynvml, pynvml.NVMLError(pynvml.NVML_ERROR_LIB_RM_VERSION_MISMATCH))
+    assert not nvml_error_means_no_gpu(pynvml, pynvml.NVMLError(pynvml.NVML_ERROR_UNKNOWN))
+    assert not nvml_error_means_no_gpu(pynvml, OSError("libnvidia-ml.so: undefined symbol"))
 
 
 def test_missing_pynvml_gives_cpu_facts(monkeypatch, tmp_path):

@@ -1,4 +1,5 @@
-"""Tests for myxtts.hardware.plan against recorded device profiles (tests/data/device_profiles)."""
+"""Tests for myxtts.hardware.plan against device profiles (tests/data/device_profiles): names, memory and
+compute capabilities from spec sheets and published nvidia-smi listings, not recorded on these cards."""
 
 from __future__ import annotations
 
@@ -56,7 +57,7 @@ def machine(*gpus: GpuFacts, cores=8, ram_gib=32.0, **extra) -> MachineFacts:
                         ram_bytes=int(ram_gib * GIB), physical_ram_bytes=int(ram_gib * GIB), **extra)
 
 
-def test_every_recorded_profile_has_an_expectation():
+def test_every_device_profile_has_an_expectation():
     assert {p.stem for p in PROFILES.glob("*.json")} == set(EXPECTED_BASE)
 
 

@@ -25,8 +25,9 @@ from myxtts.hardware.probe import (
 
 GIB = 2**30
 
-# Recorded-style points for a 24 GiB card: peak = 3 GiB + 1.25 GiB per sample, batch 20 ran out of memory.
-RECORDED = [
+# Synthesized points for a 24 GiB card (round numbers made up, not measured on a GPU): peak = 3 GiB +
+# 1.25 GiB per sample, batch 20 ran out of memory.
+SYNTHESIZED = [
     ProbePoint(4, int(8.0 * GIB), 40.0),
     ProbePoint(8, int(13.0 * GIB), 70.0),
     ProbePoint(12, int(18.0 * GIB), 73.0),
@@ -35,7 +36,7 @@ RECORDED = [
 
 
 def test_fit_recovers_the_line_and_ignores_oom_points():
-    fit = fit_memory(RECORDED)
+    fit = fit_memory(SYNTHESIZED)
     assert fit.intercept == pytest.approx(3 * GIB)
     assert fit.slope == pytest.approx(1.25 * GIB)
 
@@ -53,11 +54,11 @@ def test_single_point_fit_goes_through_origin():
 
 def test_largest_batch_under_ninety_percent_of_free():
     # 0.9 * 24 GiB = 21.6 GiB; (21.6 - 3) / 1.25 = 14.88 -> 14, below the OOM at 20.
-    assert largest_fitting_batch(RECORDED, 24 * GIB) == 14
+    assert largest_fitting_batch(SYNTHESIZED, 24 * GIB) == 14
     # With more memory the fit would allow 30, but batch 20 ran out of memory: stay below it.
-    assert largest_fitting_batch(RECORDED, 40 * GIB) == 19
-    assert largest_fitting_batch(RECORDED, 40 * GIB, max_batch=16) == 16
-    assert largest_fitting_batch(RECORDED, 3 * GIB) == 0
+    assert largest_fitting_batch(SYNTHESIZED, 40 * GIB) == 19
+    assert largest_fitting_batch(SYNTHESIZED, 40 * GIB, max_batch=16) == 16
+    assert largest_fitting_batch(SYNTHESIZED, 3 * GIB) == 0
 
 
 def test_choose_batch_needs_five_percent_gain():
@@ -65,7 +66,7 @@ def test_choose_batch_needs_five_percent_gain():
     assert choose_batch([ProbePoint(8, 1, 100.0), ProbePoint(16, 1, 105.0)]) == 16
     # Gains are measured against the current choice, so 4% + 4% adds up past the threshold.
     assert choose_batch([ProbePoint(8, 1, 100.0), ProbePoint(12, 1, 104.0), ProbePoint(16, 1, 108.2)]) == 16
-    assert choose_batch(RECORDED) == 8  # 73 vs 70 at batch 12 is only +4.3%
+    assert choose_batch(SYNTHESIZED) == 8  # 73 vs 70 at batch 12 is only +4.3%
     assert choose_batch([ProbePoint(4, 1, 50.0), ProbePoint(8, 1, 90.0), ProbePoint(16, 1, 200.0)], max_batch=8) == 8
     with pytest.raises(ValueError):
         choose_batch([ProbePoint(4, None, None)])
@@ -151,7 +152,7 @@ def key(**changes):
 
 def test_cache_round_trip_and_keying(tmp_path):
     cache = ProbeCache(tmp_path / "probe")
-    result = ProbeResult(points=tuple(RECORDED), memory_limit_batch=14, chosen_batch=8, reason="test")
+    result = ProbeResult(points=tuple(SYNTHESIZED), memory_limit_batch=14, chosen_batch=8, reason="test")
     assert cache.load(key()) is None
     path = cache.store(key(), result)
     assert path.parent == tmp_path / "probe" and json.loads(path.read_text())["result"]["chosen_batch"] == 8

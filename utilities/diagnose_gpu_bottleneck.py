@@ -10,7 +10,8 @@
    against data.num_workers, read throughput of the audio files.
 2. Measurements, each on its own: (a) the input pipeline alone, (b) the train step alone on one
    batch, (c) real training with every step split into input wait, compiled step and host work.
-3. GPU utilization through NVML in a background thread during (c) (skipped, in one line, without a GPU).
+3. GPU utilization through NVML in a background thread during (c) (skipped, in one line, without a GPU),
+   and TensorFlow's own memory peak over (c) (with memory growth on, as in training).
 4. A verdict (input-bound, host-overhead-bound, memory-bound, compute-bound) and ranked config
    changes; --apply writes them into <config>.diagnosed.yaml next to the config, never over it.
 
@@ -119,6 +120,7 @@ def run(config, arguments: argparse.Namespace, overrides: list[str]) -> dict:
     from myxtts.diagnostics.static_checks import static_checks
     from myxtts.diagnostics.training_setup import build_training_setup, prepare_run, read_all_metrics
     from myxtts.hardware.detect import detect_machine
+    from myxtts.hardware.gpu_memory import TensorFlowPeakMemory
 
     facts = detect_machine()
     _progress("preparing the run as train_main.py would (hardware plan, data, vocabulary)")
@@ -142,6 +144,8 @@ def run(config, arguments: argparse.Namespace, overrides: list[str]) -> dict:
     setup = build_training_setup(config, len(prepared.vocabulary), prepared.policy, sample)
 
     sampler = UtilizationSampler(nvml_index=facts.gpus[0].nvml_index or 0) if facts.gpus else None
+    # The memory verdict rests on what TensorFlow's allocator held on the trained GPU (CUDA's first).
+    device_memory = TensorFlowPeakMemory("GPU:0") if gpu_available else None
     machine = {
         "usable_cpu_cores": facts.usable_cpu_cores,
         "gpus": [{"name": g.name, "nvml_index": g.nvml_index, "compute_capability": list(g.compute_capability),
@@ -157,6 +161,7 @@ def run(config, arguments: argparse.Namespace, overrides: list[str]) -> dict:
         config_info={"path": str(arguments.config) if arguments.config else None, "overrides": overrides},
         sampler=sampler,
         no_sampler_note=None if facts.gpus else _no_gpu_note(facts),
+        device_memory=device_memory,
         step_repeats=arguments.step_repeats,
         host_work=read_all_metrics,
         compute_capability=facts.gpus[0].compute_capability if facts.gpus else None,

@@ -29,15 +29,26 @@ class Sampler(Protocol):
     def stop(self) -> GpuSeries | None: ...
 
 
-def gpu_section(series: GpuSeries | None, note: str | None, origin_s: float, end_s: float | None = None) -> dict:
+class DeviceMemory(Protocol):
+    """TensorFlow's allocator peak on the trained device (`hardware.gpu_memory.TensorFlowPeakMemory`)."""
+
+    def reset(self) -> None: ...
+    def peak_bytes(self) -> int: ...
+
+
+def gpu_section(series: GpuSeries | None, note: str | None, origin_s: float, end_s: float | None = None,
+                tensorflow_peak_bytes: int | None = None) -> dict:
     """The report's `gpu` part; `origin_s` (epoch seconds, the first timed step) is time zero.
 
     Utilization samples outside [origin_s, end_s] (the untimed first step, the thread's start and
     stop) are left out, so the GPU numbers describe the same steps as the timing split.
+    `tensorflow_peak_bytes` is TensorFlow's allocator peak over those steps, the memory figure the
+    verdict uses (NVML's used memory counts what the allocator reserved).
     """
     if series is None:
         return {"available": False, "note": note, "source": None, "device": None, "samples": 0,
                 "utilization": None, "oscillation": None, "memory_used_bytes": None, "memory_total_bytes": None,
+                "tensorflow_peak_bytes": tensorflow_peak_bytes,
                 "memory_controller_mean": None, "idle_reason_share": None, "errors": 0, "series": []}
     end_s = np.inf if end_s is None else end_s
     kept = [(t, u) for t, u in zip(series.times_s, series.utilization) if origin_s <= t <= end_s]
@@ -54,6 +65,7 @@ def gpu_section(series: GpuSeries | None, note: str | None, origin_s: float, end
                                                      "period_s": summary["oscillation_period_s"]},
         "memory_used_bytes": max(series.memory_used_bytes) if series.memory_used_bytes else None,
         "memory_total_bytes": series.memory_total_bytes,
+        "tensorflow_peak_bytes": tensorflow_peak_bytes,
         "memory_controller_mean": float(np.mean(series.memory_controller)) if series.memory_controller else None,
         "idle_reason_share": series.idle_reason_ticks / series.reason_ticks if series.reason_ticks else None,
         "errors": series.errors,
@@ -72,12 +84,17 @@ def diagnose(
     precompile: bool = True,
     sampler: Sampler | None = None,
     no_sampler_note: str | None = None,
+    device_memory: DeviceMemory | None = None,
     step_repeats: int | None = None,
     host_work: Callable[[Any], Any] = lambda outputs: None,
     compute_capability: tuple[int, int] | None = None,
     progress: Callable[[str], None] = lambda message: None,
 ) -> dict:
-    """Measure, decide and recommend; returns the report (see `report_schema`)."""
+    """Measure, decide and recommend; returns the report (see `report_schema`).
+
+    `device_memory`, when given, has its peak reset before (c) and read after it: the memory the
+    training steps really held, which the memory verdict rests on.
+    """
     progress(f"(a) input pipeline alone: {num_batches} batches")
     pipeline, seen = timing.measure_input_pipeline(dataset, num_batches, progress)
     progress(f"    {pipeline['batches_per_s']:.1f} batches/s, p50 {pipeline['p50_ms']:.0f} ms, p95 {pipeline['p95_ms']:.0f} ms")
@@ -101,16 +118,19 @@ def diagnose(
     if sampler is not None and note is None:
         progress("    sampling GPU utilization through NVML")
     series = None
+    if device_memory is not None:
+        device_memory.reset()
     try:
         records = timing.measure_training(dataset, step, num_batches, host_work, progress)
     finally:
         # Stop the thread even when training fails, so NVML is shut down and the error surfaces.
         if sampler is not None and note is None:
             series = sampler.stop()
+    peak = device_memory.peak_bytes() if device_memory is not None else None
     training = timing.summarize_training(records)
     origin = records[0].start_s if records else time.time()
     end = records[-1].start_s + records[-1].total_s if records else origin
-    gpu = gpu_section(series, note, origin, end)
+    gpu = gpu_section(series, note, origin, end, tensorflow_peak_bytes=peak)
 
     measurements = {"input_pipeline": pipeline, "precompile": compiled, "step_alone": step_alone,
                     "training": training}

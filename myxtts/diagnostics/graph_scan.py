@@ -13,6 +13,8 @@ from dataclasses import dataclass
 import tensorflow as tf
 from tensorflow.core.framework import graph_pb2
 
+from myxtts import compat
+
 PYTHON_OPS = frozenset({"PyFunc", "PyFuncStateless", "EagerPyFunc", "GeneratorDataset"})
 
 
@@ -29,7 +31,7 @@ class PythonOp:
 
 def dataset_graph(dataset: tf.data.Dataset) -> graph_pb2.GraphDef:
     graph = graph_pb2.GraphDef()
-    graph.ParseFromString(dataset._as_serialized_graph().numpy())  # the only public-ish way in
+    graph.ParseFromString(compat.serialized_dataset_graph(dataset))
     return graph
 
 

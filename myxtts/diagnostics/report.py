@@ -100,9 +100,13 @@ def _gpu_lines(report: dict) -> list[str]:
     if oscillation:
         period = f", period {oscillation['period_s']:.2f} s" if oscillation["period_s"] else ""
         lines.append(f"  oscillation score {oscillation['score']:.2f}{period} (0 steady or idle, near 1 a regular swing)")
-    if gpu["memory_used_bytes"] is not None and gpu["memory_total_bytes"]:
-        lines.append(f"  memory {gpu['memory_used_bytes'] / _GIB:.1f} of {gpu['memory_total_bytes'] / _GIB:.1f} GiB; "
-                     f"controller busy {gpu['memory_controller_mean'] or 0:.0f}%")
+    if gpu["memory_total_bytes"]:
+        total = gpu["memory_total_bytes"] / _GIB
+        peak = gpu.get("tensorflow_peak_bytes")
+        held = "TensorFlow's peak not measured" if peak is None else f"TensorFlow's peak {peak / _GIB:.1f} of {total:.1f} GiB"
+        reserved = "" if gpu["memory_used_bytes"] is None else \
+            f" (NVML: {gpu['memory_used_bytes'] / _GIB:.1f} GiB in use, reserved by TensorFlow and other processes)"
+        lines.append(f"  memory: {held}{reserved}; controller busy {gpu['memory_controller_mean'] or 0:.0f}%")
     if gpu["idle_reason_share"] is not None:
         lines.append(f"  'GPU idle' clock reason set in {gpu['idle_reason_share']:.0%} of reads")
     if gpu["note"]:

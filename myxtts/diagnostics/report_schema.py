@@ -7,7 +7,8 @@ shares are fractions in [0, 1]; utilization is percent; `null` means "not measur
 
 Fields:
 
-- `schema_version`: 1 for this layout; raised when a field changes meaning.
+- `schema_version`: 2 for this layout (2: `gpu.tensorflow_peak_bytes` added; the memory verdict
+  uses it instead of `gpu.memory_used_bytes`); raised when a field changes meaning.
 - `created_utc`: when the report was made, ISO 8601 in UTC.
 - `config.path`: the YAML given with --config, or null. `config.overrides`: the `key=value`
   overrides applied on top (flags and --set), in order.
@@ -48,7 +49,10 @@ Fields:
   `gpu.device`: its name. `gpu.samples`: utilization samples taken. `gpu.utilization`: `mean`,
   `p10`, `p90`, `below_30_share` (time-weighted). `gpu.oscillation`: `score` (0 steady or idle, near 1
   for a periodic swing of 10 points or more) and `period_s` (null unless the score is >= 0.3).
-  `gpu.memory_used_bytes` (peak), `gpu.memory_total_bytes`, `gpu.memory_controller_mean` (percent
+  `gpu.memory_used_bytes` (NVML's peak of used memory: what TensorFlow's allocator reserved, plus
+  other processes), `gpu.memory_total_bytes`, `gpu.tensorflow_peak_bytes` (TensorFlow's allocator
+  peak during (c), `get_memory_info`; what the steps held; null when not measured, e.g. without a
+  GPU TensorFlow sees), `gpu.memory_controller_mean` (percent
   busy), `gpu.idle_reason_share` (share of reads with the "GPU idle" clock-event reason set),
   `gpu.errors` (failed NVML reads), `gpu.series` ([seconds from the first step, percent] pairs).
 - `verdict.kind`: input-bound, host-overhead-bound, memory-bound or compute-bound;
@@ -62,7 +66,7 @@ from __future__ import annotations
 
 from typing import Any, Iterator
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 _NUMBER = {"type": "number"}
 _OPTIONAL_NUMBER = {"type": ["number", "null"]}
@@ -182,6 +186,7 @@ REPORT_SCHEMA: dict = _object({
         "oscillation": _object({"score": _SHARE, "period_s": _OPTIONAL_NUMBER}, nullable=True),
         "memory_used_bytes": {"type": ["integer", "null"]},
         "memory_total_bytes": {"type": ["integer", "null"]},
+        "tensorflow_peak_bytes": {"type": ["integer", "null"], "minimum": 0},
         "memory_controller_mean": _OPTIONAL_NUMBER,
         "idle_reason_share": {"type": ["number", "null"], "minimum": 0, "maximum": 1},
         "errors": _COUNT,

@@ -21,6 +21,7 @@ from myxtts.data.manifest import Utterance
 from myxtts.data.pipeline import build_dataset, build_vocabulary
 from myxtts.data.text import Vocabulary
 from myxtts.diagnostics.timing import CompiledStep
+from myxtts.hardware.gpu_memory import allow_memory_growth
 from myxtts.training.step import TrainingModel
 from myxtts.training.trainer import build_training_model, load_splits, resolve_hardware
 
@@ -35,7 +36,12 @@ class PreparedRun:
 
 
 def prepare_run(config: Config, echo=print) -> PreparedRun:
-    """Everything `train()` does before building the model, minus writing to a run folder."""
+    """Everything `train()` does before building the model, minus writing to a run folder.
+
+    Memory growth first, as in `train()`: without it TensorFlow reserves the whole GPU at its first
+    tensor and NVML would show a healthy run as a full card.
+    """
+    allow_memory_growth(echo)
     config, policy = resolve_hardware(config, echo)
     rows, _ = load_splits(config)
     vocabulary = build_vocabulary(rows, config.data)

@@ -9,7 +9,9 @@ The verdict is the first rule that holds, in this order:
    sampled, averaged below 50% and the input share is below 20%: batches were ready, yet the
    device idled, so the time goes to launching work (many small kernels, one step per call).
 3. **memory-bound**: a GPU was sampled and its memory controller was busy >= 60% of the time on
-   average, or its memory was >= 95% full: the step waits on memory traffic, or has no room to grow.
+   average, or TensorFlow's own allocator peak reached >= 95% of the card: the step waits on memory
+   traffic, or has no room to grow. NVML's used memory is not the measure: it counts what the
+   allocator reserved, which without memory growth is the whole card on a healthy run.
 4. **compute-bound**: otherwise. The step's own math is the limit, which is where training should be.
 
 Each recommendation names one config key and the value to set (`key` and `value`, written as a
@@ -89,17 +91,26 @@ def decide(training: dict, gpu: dict | None, pipeline: dict | None = None, step_
             "the time goes to launching work, not to doing it"])
     if gpu and gpu.get("available"):
         memory_busy = gpu.get("memory_controller_mean")
-        used, total = gpu.get("memory_used_bytes"), gpu.get("memory_total_bytes")
+        held = memory_share(gpu)
+        if held is None:
+            reasons.append("TensorFlow's memory peak was not measured, so how full the GPU is stays unknown "
+                           "(NVML's used memory counts what TensorFlow reserved, not what the steps held)")
         if memory_busy is not None and memory_busy >= MEMORY_CONTROLLER_BUSY:
             return Verdict("memory-bound", reasons + [
                 f"the memory controller was busy {memory_busy:.0f}% of the time: the step waits on memory traffic"])
-        if used and total and used / total >= GPU_MEMORY_FULL:
+        if held is not None and held >= GPU_MEMORY_FULL:
             return Verdict("memory-bound", reasons + [
-                f"GPU memory is {used / total:.0%} full: no room for a larger batch, close to running out"])
+                f"TensorFlow's peak was {held:.0%} of GPU memory: no room for a larger batch, close to running out"])
     compiled_share = training["compiled_step"]["share"]
     where = "" if gpu and gpu.get("available") else " (no GPU: the step runs on the CPU, so a GPU is the fix)"
     return Verdict("compute-bound", reasons + [
         f"the compiled step is {compiled_share:.0%} of the step: the model's own math is the limit{where}"])
+
+
+def memory_share(gpu: dict | None) -> float | None:
+    """TensorFlow's allocator peak over the card's memory, or None when either is unknown."""
+    peak, total = (gpu or {}).get("tensorflow_peak_bytes"), (gpu or {}).get("memory_total_bytes")
+    return peak / total if peak is not None and total else None
 
 
 def _change(key: str, value: Any) -> str:
@@ -133,8 +144,7 @@ def recommend(verdict: Verdict, static: dict, measurements: dict, gpu: dict | No
     training = measurements["training"]
     out = _Ranked(settings)
     gpu_on = bool(gpu and gpu.get("available"))
-    used, total = (gpu or {}).get("memory_used_bytes"), (gpu or {}).get("memory_total_bytes")
-    memory_share = used / total if used and total else None
+    held = memory_share(gpu)
 
     def input_changes():
         for op in static["python_ops"]:
@@ -170,7 +180,7 @@ def recommend(verdict: Verdict, static: dict, measurements: dict, gpu: dict | No
         if gpu_on:
             out.key("training.enable_xla_compilation", True, "XLA fuses the step into fewer, larger kernels: fewer launches",
                     settings["xla"])
-        if memory_share is None or memory_share < GPU_MEMORY_ROOMY:
+        if held is None or held < GPU_MEMORY_ROOMY:
             batch = settings["batch_size"]
             out.key("data.batch_size", 2 * batch, f"more work per launch ({batch} -> {2 * batch} clips); automatic "
                     "gradient accumulation keeps the effective batch", batch)
@@ -178,7 +188,7 @@ def recommend(verdict: Verdict, static: dict, measurements: dict, gpu: dict | No
         _precision_change(out, settings, compute_capability, "half-precision activations halve the memory traffic")
         out.key("training.enable_xla_compilation", True, "XLA fuses element-wise ops, saving round trips through memory",
                 settings["xla"])
-        if memory_share is not None and memory_share >= GPU_MEMORY_FULL:
+        if held is not None and held >= GPU_MEMORY_FULL:
             batch = settings["batch_size"]
             out.key("data.batch_size", max(batch // 2, 1), "leave memory headroom; automatic gradient accumulation "
                     "keeps the effective batch", batch)
@@ -187,9 +197,9 @@ def recommend(verdict: Verdict, static: dict, measurements: dict, gpu: dict | No
             _precision_change(out, settings, compute_capability, "tensor cores run half precision several times faster")
             out.key("training.enable_xla_compilation", True, "XLA fuses the step's kernels", settings["xla"])
             utilization = (gpu or {}).get("utilization") or {}
-            if memory_share is not None and memory_share < GPU_MEMORY_ROOMY and utilization.get("mean", 100) < 80:
+            if held is not None and held < GPU_MEMORY_ROOMY and utilization.get("mean", 100) < 80:
                 batch = settings["batch_size"]
-                out.key("data.batch_size", 2 * batch, f"the GPU is not full ({memory_share:.0%} of memory) and "
+                out.key("data.batch_size", 2 * batch, f"the GPU is not full (TensorFlow's peak {held:.0%} of memory) and "
                         "not always busy: a larger batch fills it", batch)
 
     # Smaller findings, whatever the verdict.

@@ -3,11 +3,15 @@
 - `detect`: GPU facts through NVML, CPU/RAM/platform (`host`), TensorFlow's view only on request.
 - `plan`: a pure function from facts, model size and user settings to precision, batch, accumulation
   and input parallelism, each value with its source.
-- `probe`: measured batch sizes -> memory fit -> chosen batch, with a JSON cache.
+- `batch_plan`: batch x accumulation x replicas, the one place that arithmetic lives.
+- `probe`: measured batch sizes -> memory fit -> chosen batch, with a JSON cache; `probe_runner`
+  runs one child process per batch size (the child itself is `myxtts.training.batch_probe`).
+- `gpu_memory`: TensorFlow's memory growth and its own allocator peak.
 - `select`: which GPUs to use (`--gpu`, a saved choice, or a question on a terminal).
 - `report`: the readable and JSON reports behind `python -m myxtts.hardware`.
 
-Nothing in this package imports TensorFlow at module level.
+Nothing in this package imports TensorFlow at module level, nor anything from data, models or
+training (tests/test_imports.py).
 """
 
 from myxtts.hardware.detect import GpuFacts, MachineFacts, architecture_for, detect_machine

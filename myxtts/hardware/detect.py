@@ -1,8 +1,15 @@
 """What machine is this: GPUs through NVML, CPU/RAM/platform from the host, TensorFlow only on request.
 
 The facts are plain dataclasses so that every decision made from them (`plan.py`, `select.py`) can be
-tested with recorded profiles instead of real hardware. Detection never raises for a missing or
-broken NVIDIA stack: it returns CPU-only facts with a one-line note saying why.
+tested with device profiles (from spec sheets, tests/data/device_profiles) instead of real hardware.
+Detection never raises for a missing or broken NVIDIA stack, but it tells the two apart:
+
+* no GPU: no `pynvml`, no NVIDIA driver (NVML's DriverNotLoaded), no NVML library (LibraryNotFound)
+  or NVML counting zero devices. CPU facts with a one-line note: the CPU plan is right.
+* NVML failing otherwise (a driver/library version mismatch after an update, "Unknown Error" in a
+  container, a lost GPU): the machine may well have GPUs, so a CPU plan would be a silent wrong
+  answer. Detection warns (RuntimeWarning, and a note) and falls back to the GPUs TensorFlow lists,
+  with their memory unknown (0): the plan then wants `data.batch_size` set.
 
 TensorFlow is imported only inside `query_tensorflow_devices`, which `detect_machine` calls only when
 asked: `python -m myxtts.hardware` must run on machines that have NVML but no TensorFlow.
@@ -14,9 +21,10 @@ import dataclasses
 import importlib
 import json
 import os
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from myxtts.hardware.host import HostPaths, detect_platform, usable_cpu_cores, usable_ram
 
@@ -142,7 +150,7 @@ class MachineFacts:
 
 
 def _checked_fields(cls: type, data: Mapping[str, Any], derived: set[str], what: str) -> dict[str, Any]:
-    """Refuses unknown keys by name, so a typo in a recorded profile cannot silently become a default."""
+    """Refuses unknown keys by name, so a typo in a device profile cannot silently become a default."""
     known = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(data) - known - derived)
     if unknown:
@@ -253,6 +261,48 @@ def apply_cuda_visible_devices(gpus: list[GpuFacts], value: str | None) -> tuple
     return visible, notes
 
 
+# NVML error codes (nvml.h) that mean "there is no NVIDIA GPU stack here", so a CPU plan is right.
+NVML_ERROR_DRIVER_NOT_LOADED = 9
+NVML_ERROR_LIBRARY_NOT_FOUND = 12
+
+
+def nvml_error_means_no_gpu(nvml: Any, error: BaseException) -> bool:
+    """True for NVML's "driver not loaded" and "library not found"; False for every other failure."""
+    codes = {getattr(nvml, "NVML_ERROR_DRIVER_NOT_LOADED", NVML_ERROR_DRIVER_NOT_LOADED),
+             getattr(nvml, "NVML_ERROR_LIBRARY_NOT_FOUND", NVML_ERROR_LIBRARY_NOT_FOUND)}
+    return isinstance(error, getattr(nvml, "NVMLError", ())) and getattr(error, "value", None) in codes
+
+
+def tensorflow_gpu_list() -> list[tuple[str, tuple[int, int]]]:
+    """(name, compute capability) of each GPU TensorFlow lists; [] without TensorFlow. Lists physical
+    devices only, which does not start the runtime (memory growth can still be set afterwards)."""
+    try:
+        tf = importlib.import_module("tensorflow")
+    except ImportError:
+        return []
+    found = []
+    for device in tf.config.list_physical_devices("GPU"):
+        details = tf.config.experimental.get_device_details(device)
+        major, minor = details.get("compute_capability", (0, 0))
+        found.append((str(details.get("device_name", device.name)), (int(major), int(minor))))
+    return found
+
+
+def _after_nvml_failure(error: BaseException, list_gpus: Callable[[], list]) -> tuple[list[GpuFacts], str]:
+    """GPUs from TensorFlow's list when NVML failed for a reason other than "no GPU", and the warning."""
+    failure = f"NVML failed ({type(error).__name__}: {error})"
+    listed = list_gpus()
+    if not listed:
+        return [], (f"{failure} and TensorFlow lists no GPU: planning for CPU. If this machine has an NVIDIA GPU, "
+                    "`nvidia-smi` shows the same error: fix the driver (after a driver update, reboot or reload "
+                    "the nvidia kernel module)")
+    gpus = [GpuFacts(index=i, name=name, total_memory_bytes=0, free_memory_bytes=0, compute_capability=cc)
+            for i, (name, cc) in enumerate(listed)]
+    return gpus, (f"{failure}, but TensorFlow lists {len(gpus)} GPU(s) ({', '.join(n for n, _ in listed)}): "
+                  "planning for them with their memory unknown, so set data.batch_size (the automatic batch "
+                  "needs NVML's memory figures), and fix NVML (`nvidia-smi` shows the same error)")
+
+
 def query_tensorflow_devices() -> tuple[tuple[str, ...] | None, tuple[str, ...] | None, list[str]]:
     """GPU names TensorFlow lists and the CUDA architectures its build carries kernels for.
 
@@ -278,17 +328,21 @@ def detect_machine(
     nvml_module: Any | None = None,
     environ: Mapping[str, str] | None = None,
     host_paths: HostPaths | None = None,
+    tensorflow_gpu_lister: Callable[[], list[tuple[str, tuple[int, int]]]] = tensorflow_gpu_list,
 ) -> MachineFacts:
     """Detects GPUs (NVML), usable CPU cores and RAM (affinity and cgroup limits) and the platform.
 
-    Never raises for a missing driver, a missing `pynvml` or an NVML error: the result is CPU-only
-    facts with a note. `nvml_module`, `environ` and `host_paths` exist so tests can stand in for them.
+    Never raises for a missing driver, a missing `pynvml` or an NVML error. No GPU stack gives
+    CPU-only facts with a note; any other NVML failure warns and falls back to `tensorflow_gpu_lister()`
+    (see the module docstring). `nvml_module`, `environ`, `host_paths` and `tensorflow_gpu_lister` exist so
+    tests can stand in for them.
     """
     environ = os.environ if environ is None else environ
     host_paths = host_paths or HostPaths()
     notes: list[str] = []
 
     gpus: list[GpuFacts] = []
+    listed_by_tensorflow = False  # TensorFlow's list already honours CUDA_VISIBLE_DEVICES
     nvml = nvml_module
     if nvml is None:
         try:
@@ -298,16 +352,22 @@ def detect_machine(
     if nvml is not None:
         try:
             gpus = query_nvml_gpus(nvml)
-        # Any NVML failure (no driver, driver/library mismatch, a broken binding) must degrade to a
-        # CPU plan rather than stop the program; the note below carries the error to the report.
+        # No NVML failure stops the program (a report must still print); which failures mean "no GPU"
+        # and which must not quietly become a CPU plan is decided here.
         except Exception as exc:  # noqa: BLE001
-            notes.append(f"NVML unavailable ({type(exc).__name__}: {exc}); planning for CPU")
-            gpus = []
+            if nvml_error_means_no_gpu(nvml, exc):
+                notes.append(f"NVML unavailable ({type(exc).__name__}: {exc}); planning for CPU")
+                gpus = []
+            else:
+                gpus, warning = _after_nvml_failure(exc, tensorflow_gpu_lister)
+                listed_by_tensorflow = bool(gpus)
+                warnings.warn(warning, RuntimeWarning, stacklevel=2)
+                notes.append(warning)
         if not gpus and not notes:
             notes.append("NVML reports no GPU; planning for CPU")
 
     visible_value = environ.get("CUDA_VISIBLE_DEVICES")
-    if gpus:
+    if gpus and not listed_by_tensorflow:
         gpus, visible_notes = apply_cuda_visible_devices(gpus, visible_value)
         notes.extend(visible_notes)
         names = {g.name for g in gpus}

@@ -1,8 +1,9 @@
 """The plan: which precision, batch, accumulation and input parallelism fit this machine.
 
 `plan_for_machine` is a pure function of the detected facts, the model size and what the user asked
-for, so every rule below is tested against recorded device profiles. Each value carries its source
-("config" or "auto: <reason>") so the training log says why it runs the way it does.
+for, so every rule below is tested against device profiles built from spec sheets
+(tests/data/device_profiles). Each value carries its source ("config" or "auto: <reason>") so the
+training log says why it runs the way it does.
 
 Rules, in one place:
 - Precision: mixed_bfloat16 from compute capability 8.0 (Ampere and newer have bf16 tensor cores and
@@ -13,9 +14,9 @@ Rules, in one place:
   memory (table `_BASE_BATCH_BY_FREE_GIB`); `small` takes twice and `tiny` four times that batch
   (their per-sample activations are roughly half and a quarter of base's), capped at the effective
   batch. It is a prior: `probe.py` measures and can refine it.
-- Accumulation: ceil(effective / (batch * replicas)). When the batch does not divide the target the
-  effective batch comes out above it (16 GB: 6 x 6 = 36 >= 32), never below, because a smaller
-  effective batch than asked changes the optimization while a slightly larger one does not hurt.
+- Accumulation: ceil(effective / (batch * replicas)), by `batch_plan.BatchPlan`, the one owner of
+  batch x accumulation x replicas. When the batch does not divide the target the effective batch
+  comes out above it (16 GB: 6 x 6 = 36 >= 32), never below.
 - Explicit values always win; derived ones are recomputed around them.
 """
 
@@ -26,6 +27,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from myxtts.hardware.batch_plan import BatchPlan
 from myxtts.hardware.detect import GpuFacts, MachineFacts
 
 _GIB = 2**30
@@ -117,6 +119,23 @@ class Plan:
     sources: Mapping[str, str] = field(default_factory=dict)
     recommendations: tuple[str, ...] = ()
 
+    @property
+    def batch_plan(self) -> BatchPlan:
+        """batch x accumulation x replicas as one object, to derive any other batch from."""
+        return BatchPlan(self.batch_size, self.gradient_accumulation_steps, self.num_replicas,
+                         self.target_effective_batch_size,
+                         fixed_accumulation=self.sources.get("gradient_accumulation_steps") == "config")
+
+    def with_batch_plan(self, batch_plan: BatchPlan, **changes) -> "Plan":
+        """This plan with `batch_plan`'s batch, accumulation and replicas, and their sources."""
+        sources = dict(self.sources)
+        sources["gradient_accumulation_steps"] = batch_plan.accumulation_source()
+        sources["effective_batch_size"] = batch_plan.describe()
+        sources.update(changes.pop("sources", {}))
+        return dataclasses.replace(self, batch_size=batch_plan.batch_size, num_replicas=batch_plan.replicas,
+                                   gradient_accumulation_steps=batch_plan.accumulation,
+                                   effective_batch_size=batch_plan.samples_per_update, sources=sources, **changes)
+
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
         data["gpu_indices"] = list(self.gpu_indices)
@@ -176,6 +195,9 @@ def _batch_prior(gpus: tuple[GpuFacts, ...], multiplier: int, target: int) -> tu
         return batch, "auto: CPU, smallest batch that keeps steps short (accumulation reaches the target)", 0
     cap = max(1, math.ceil(target / len(gpus)))
     free = min(_usable_memory(g) for g in gpus)
+    if free == 0:  # listed by TensorFlow after NVML failed: the memory is unknown
+        return (min(multiplier, cap), "auto: GPU memory unknown (NVML failed), the smallest prior; set "
+                "data.batch_size", 0)
     base = base_batch_for_memory(free)
     batch = min(base * multiplier, cap)
     reason = f"auto: prior for {free / _GIB:.1f} GiB free GPU memory"
@@ -267,7 +289,10 @@ def _gpu_recommendations(facts: MachineFacts, gpus: tuple[GpuFacts, ...], free: 
     if facts.tensorflow_gpus is not None and not facts.tensorflow_gpus:
         notes.append(f"TensorFlow sees no GPU although NVML lists {len(facts.gpus)}: TensorFlow 2.21 needs "
                      "the CUDA 12 libraries (pip install 'tensorflow[and-cuda]')")
-    if free / _GIB < _TOO_SMALL_FREE_GIB and model_size == "base":
+    if free == 0:
+        notes.append("GPU memory unknown (NVML failed): the batch is the smallest prior and is not probed; set "
+                     "data.batch_size to what fits")
+    elif free / _GIB < _TOO_SMALL_FREE_GIB and model_size == "base":
         notes.append(f"only {free / _GIB:.1f} GiB free GPU memory: the base model may not fit even at batch 1; "
                      "set training.gradient_checkpointing: true and consider model size small")
     elif free / _GIB < _TIGHT_FREE_GIB and model_size == "base":
@@ -330,14 +355,10 @@ def plan_for_machine(facts: MachineFacts, model_size: str = "base",
                          "free; if it runs out of memory lower it, or set it to auto so the probe measures")
     else:
         batch, sources["batch_size"] = prior, prior_why
-    if requested.gradient_accumulation_steps:
-        accumulation, sources["gradient_accumulation_steps"] = requested.gradient_accumulation_steps, "config"
-    else:
-        accumulation = math.ceil(target / (batch * replicas))
-        sources["gradient_accumulation_steps"] = (
-            f"auto: ceil({target} / ({batch} x {replicas} replica(s))) reaches the effective batch")
-    effective = batch * accumulation * replicas
-    sources["effective_batch_size"] = f"batch {batch} x accumulation {accumulation} x {replicas} replica(s)"
+    batches = BatchPlan.reaching(target, batch, replicas, requested.gradient_accumulation_steps or None)
+    accumulation, effective = batches.accumulation, batches.samples_per_update
+    sources["gradient_accumulation_steps"] = batches.accumulation_source()
+    sources["effective_batch_size"] = batches.describe()
     if requested.batch_size and requested.gradient_accumulation_steps and effective != target:
         notes.append(f"batch_size x gradient_accumulation_steps x replicas = {effective} differs from "
                      f"effective_batch_size {target}; the fixed values win")
@@ -353,9 +374,12 @@ def plan_for_machine(facts: MachineFacts, model_size: str = "base",
     notes.extend(_platform_recommendations(facts))
 
     sources["device"] = f"auto: {len(gpus)} GPU(s) chosen" if on_gpu else "auto: no GPU detected or chosen"
-    probe = on_gpu and not requested.batch_size
+    memory_known = all(g.total_memory_bytes > 0 for g in gpus)
+    probe = on_gpu and not requested.batch_size and memory_known
     sources["probe_batch_size"] = ("auto: batch is automatic, measuring can refine it" if probe else
-                                   "auto: batch fixed by config" if on_gpu else "auto: no probing on CPU")
+                                   "auto: batch fixed by config" if on_gpu and requested.batch_size else
+                                   "auto: GPU memory unknown, nothing to fit the probe to" if on_gpu else
+                                   "auto: no probing on CPU")
     return Plan(
         device="gpu" if on_gpu else "cpu",
         gpu_indices=tuple(g.index for g in gpus),
@@ -383,16 +407,5 @@ def with_measured_batch(plan: Plan, batch_size: int, reason: str) -> Plan:
     """The plan with the probe's batch in place of the prior, accumulation recomputed to the target."""
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    sources = dict(plan.sources)
-    sources["batch_size"] = f"auto: measured ({reason})"
-    if sources.get("gradient_accumulation_steps") == "config":
-        accumulation = plan.gradient_accumulation_steps
-    else:
-        accumulation = math.ceil(plan.target_effective_batch_size / (batch_size * plan.num_replicas))
-        sources["gradient_accumulation_steps"] = (
-            f"auto: ceil({plan.target_effective_batch_size} / ({batch_size} x {plan.num_replicas} replica(s)))")
-    sources["effective_batch_size"] = (
-        f"batch {batch_size} x accumulation {accumulation} x {plan.num_replicas} replica(s)")
-    return dataclasses.replace(plan, batch_size=batch_size, gradient_accumulation_steps=accumulation,
-                               effective_batch_size=batch_size * accumulation * plan.num_replicas,
-                               probe_batch_size=False, sources=sources)
+    return plan.with_batch_plan(plan.batch_plan.with_batch(batch_size), probe_batch_size=False,
+                                sources={"batch_size": f"auto: measured ({reason})"})

@@ -7,7 +7,7 @@ keeps the largest batch under 90% of free memory. Among the batches that fit, a 
 its place: it is chosen only if it gives at least 5% more samples/s than the current choice, because a
 smaller batch means more optimizer steps per epoch and more headroom for long utterances.
 
-Everything here is pure Python so it is tested with recorded points; the caller owns running the model
+Everything here is pure Python so it is tested with synthesized points; the caller owns running the model
 (ideally in a subprocess, since an OOM can leave TensorFlow's allocator in a poor state). Results are
 cached as JSON under the user's cache directory, keyed by GPU, memory, model config, precision and
 maximum lengths, so the probe runs once per setup. On CPU there is nothing to probe.

@@ -4,6 +4,11 @@ Keras' own TensorBoard callback writes the step's metrics; these add what Keras 
 about: our checkpoint layout and meta files, a stop at `max_steps` counted in optimizer updates
 (Keras counts micro-batches), SIGINT/SIGTERM handling, and stopping after a run of non-finite
 losses.
+
+Intervals (log, checkpoint, validation) fire when the optimizer step *crosses* a multiple of the
+interval, not when it equals one: with `training.steps_per_execution` N, Keras calls the callbacks
+once per N micro-batches, so the step jumps by up to N between calls (4, 8, 12 with N = 4) and a
+`step % interval == 0` test would miss most intervals (a log interval of 3 would fire at 12 only).
 """
 
 from __future__ import annotations
@@ -16,6 +21,8 @@ import time
 import keras
 import tensorflow as tf
 
+from myxtts import compat
+
 
 def optimizer_step(model) -> int:
     return int(keras.ops.convert_to_numpy(model.optimizer.iterations))
@@ -25,7 +32,9 @@ class ProgressLogger(keras.callbacks.Callback):
     """One line every `interval` updates: losses, rate, step time, samples/s and ETA to max_steps.
 
     Also writes step time and samples/s to TensorBoard next to the step's own metrics, and the time
-    the steps waited for input when the training dataset went through `watch_input`.
+    the steps waited for input (`input_wait_ms`), timed by one of two clocks: `watch_input` (inside
+    the pipeline, its last stage) or, when the last stage must be the copy to the GPU,
+    `watch_fetches` (where Keras' loop fetches each batch).
     """
 
     def __init__(self, interval: int, max_steps: int, samples_per_update: int, log_dir: str, echo=print):
@@ -34,7 +43,7 @@ class ProgressLogger(keras.callbacks.Callback):
         self.writer = tf.summary.create_file_writer(log_dir)
         self.echo = echo
         self._last = None  # (time, step)
-        self._input_wait_s = None  # seconds waited since the last line; a variable once watch_input is used
+        self._input_clock = None  # seconds waited since the last line: read_and_reset(); set by watch_*
         self.history: list[dict] = []
         self.validation_history: list[dict] = []
 
@@ -55,8 +64,8 @@ class ProgressLogger(keras.callbacks.Callback):
         """
         with tf.device("/cpu:0"):  # tf.data functions run on the host
             asked_at = tf.Variable(0.0, dtype=tf.float64, trainable=False)
-            self._input_wait_s = tf.Variable(0.0, dtype=tf.float64, trainable=False)
-        waited = self._input_wait_s
+            waited = tf.Variable(0.0, dtype=tf.float64, trainable=False)
+        self._input_clock = _VariableClock(waited)
 
         def ask(_):
             return asked_at.assign(tf.timestamp())
@@ -70,14 +79,25 @@ class ProgressLogger(keras.callbacks.Callback):
         options.experimental_optimization.inject_prefetch = False
         return tf.data.Dataset.zip(asks, dataset).map(delivered).with_options(options)
 
+    def watch_fetches(self, model: keras.Model) -> None:
+        """`input_wait_ms` from the time `model.fit` blocks fetching each batch from its iterator.
+
+        For a training dataset whose last stage is the copy to the GPU (`prefetch_to_device`, which
+        nothing may follow): a clock inside the pipeline would then time the copy's background
+        thread waiting for the host pipeline, up to the whole step when the host is a little slow,
+        not the step waiting for its batch. `compat.time_batch_fetches` times the step's own fetch
+        from the GPU buffer instead, at the cost described there.
+        """
+        self._input_clock = compat.time_batch_fetches(model)
+
     def on_train_begin(self, logs=None):
         self._last = (time.perf_counter(), optimizer_step(self.model))
-        if self._input_wait_s is not None:
-            self._input_wait_s.assign(0.0)
+        if self._input_clock is not None:
+            self._input_clock.read_and_reset()
 
     def on_train_batch_end(self, batch, logs=None):
         step = optimizer_step(self.model)
-        if step == self._last[1] or step % self.interval:
+        if not crossed(self._last[1], step, self.interval):
             return
         now = time.perf_counter()
         steps = step - self._last[1]
@@ -87,9 +107,8 @@ class ProgressLogger(keras.callbacks.Callback):
         eta = seconds_per_step * max(self.max_steps - step, 0)
         record = dict(step=step, step_time_s=seconds_per_step, samples_per_s=self.samples_per_update / seconds_per_step, **logs)
         input_wait = ""
-        if self._input_wait_s is not None:
-            record["input_wait_ms"] = float(self._input_wait_s.numpy()) * 1000 / steps
-            self._input_wait_s.assign(0.0)
+        if self._input_clock is not None:
+            record["input_wait_ms"] = self._input_clock.read_and_reset() * 1000 / steps
             input_wait = f" (input wait {record['input_wait_ms']:.0f})"
         self.history.append(record)
         with self.writer.as_default(step=step):
@@ -122,6 +141,18 @@ class ProgressLogger(keras.callbacks.Callback):
 BEST_BY = {"val_mel_loss": "best_mel", "val_wer": "best_wer"}
 
 
+class _VariableClock:
+    """The seconds `watch_input`'s pipeline stage adds up in a variable."""
+
+    def __init__(self, waited: tf.Variable):
+        self.waited = waited
+
+    def read_and_reset(self) -> float:
+        seconds = float(self.waited.numpy())
+        self.waited.assign(0.0)
+        return seconds
+
+
 class CheckpointSaver(keras.callbacks.Callback):
     """`latest` every `interval` updates, at the end, and on SIGINT/SIGTERM (then stops the run);
     `best_mel` / `best_wer` whenever validation mel loss / word error rate improves. A run the `guard` (NonFiniteGuard)
@@ -152,7 +183,9 @@ class CheckpointSaver(keras.callbacks.Callback):
         if self.interrupted_by and _between_updates(self.model.optimizer):
             self.model.stop_training = True
             self._save_latest(step, f"{self.interrupted_by} received")
-        elif step % self.interval == 0 and step != self._last_saved:
+        elif crossed(self._last_saved, step, self.interval) and _between_updates(self.model.optimizer):
+            # With several micro-batches per call a call can end inside an accumulated update; the
+            # save then waits for the first call that ends on an update boundary.
             self._save_latest(step)
 
     def on_epoch_end(self, epoch, logs=None):
@@ -181,17 +214,54 @@ class CheckpointSaver(keras.callbacks.Callback):
             self.echo(f"{reason}: saved {path}; re-run the same command to resume")
 
 
+def crossed(previous_step: int, step: int, interval: int) -> bool:
+    """Whether going from `previous_step` to `step` passed (or reached) a multiple of `interval`."""
+    return step // interval > previous_step // interval
+
+
+class ValidationSchedule(list):
+    """`validation_freq` for `fit`: which epoch ends validate.
+
+    `fit` takes a list of epochs and asks `epoch in validation_freq`, which this answers:
+
+    * never once SIGINT/SIGTERM arrived. Keras would still run the epoch's validation (and the sample
+      synthesis after it) before returning: minutes on a large validation set, longer than a
+      scheduler's grace period before SIGKILL, with Ctrl-C doing nothing meanwhile;
+    * with one micro-batch per call (`every_epoch`), at every epoch end: the trainer's epochs are
+      then exactly `eval_interval` updates long;
+    * with several per call, where the trainer's epoch is one call, at the first epoch end that
+      crossed a multiple of `eval_interval` updates on an update boundary.
+    """
+
+    def __init__(self, saver: "CheckpointSaver", eval_interval: int, start_step: int, every_epoch: bool):
+        super().__init__()
+        self.saver, self.interval, self.every_epoch = saver, eval_interval, every_epoch
+        self._last = start_step  # the step of the last validation (or of the start)
+
+    def __contains__(self, epoch) -> bool:
+        if self.saver.interrupted_by is not None:
+            return False
+        if self.every_epoch:
+            return True
+        model = self.saver.model
+        step = optimizer_step(model)
+        if crossed(self._last, step, self.interval) and _between_updates(model.optimizer):
+            self._last = step
+            return True
+        return False
+
+
 def _between_updates(optimizer) -> bool:
     """False while micro-batch gradients of an unfinished update are accumulated.
 
     A checkpoint taken then would hold them, and the resumed run, which restarts the data at the
-    update boundary, would add those micro-batches a second time. Keras counts micro-batches in the
-    private `_iterations` (the public `iterations` is updates); skipped non-finite steps count in
-    neither, and accumulate nothing.
+    update boundary, would add those micro-batches a second time. Keras counts micro-batches in a
+    private counter (`compat.micro_batches_done`; the public `iterations` is updates); skipped
+    non-finite steps count in neither, and accumulate nothing.
     """
     inner = getattr(optimizer, "inner_optimizer", optimizer)  # under a LossScaleOptimizer
     accumulation = inner.gradient_accumulation_steps
-    return not accumulation or int(keras.ops.convert_to_numpy(inner._iterations)) % accumulation == 0
+    return not accumulation or compat.micro_batches_done(inner) % accumulation == 0
 
 
 class StopAtStep(keras.callbacks.Callback):

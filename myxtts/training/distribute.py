@@ -46,13 +46,14 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-import math
 import os
 from pathlib import Path
 from typing import Callable, Iterator, Mapping
 
 import tensorflow as tf
 
+from myxtts import compat
+from myxtts.hardware.batch_plan import BatchPlan
 from myxtts.hardware.plan import Plan
 
 
@@ -145,11 +146,11 @@ def strategy_for(plan_or_device_count: Plan | int, *, device_type: str = "GPU",
 
 
 def _replica_local_updates(strategy: tf.distribute.Strategy) -> tf.distribute.Strategy:
-    # `_use_merge_call` is the switch TensorFlow flips itself for XLA-compiled replica functions on
+    # The private `_use_merge_call` is the switch TensorFlow flips itself for XLA-compiled replica functions on
     # GPUs: updates of mirrored variables then run on each replica's own copy and all-reduces become
     # collective ops, instead of synchronising replicas through merge calls that no `tf.cond` may
     # contain. It is sound here because `all_reduce_mean` hands every replica the same gradients.
-    strategy.extended._use_merge_call = lambda: False  # noqa: SLF001 - see the module docstring
+    compat.replica_local_updates(strategy)
     return strategy
 
 
@@ -225,12 +226,8 @@ def prepare_optimizer(optimizer, strategy: tf.distribute.Strategy):
         return optimizer
     for each in (optimizer, getattr(optimizer, "inner_optimizer", None)):
         if each is not None:
-            each._all_reduce_sum_gradients = _already_reduced  # noqa: SLF001 - see the docstring
+            compat.skip_gradient_sum(each)
     return optimizer
-
-
-def _already_reduced(grads_and_vars):
-    return list(grads_and_vars)
 
 
 def all_reduce_mean(values):
@@ -272,7 +269,7 @@ def _across_workers(strategy: tf.distribute.Strategy) -> bool:
 
 
 def global_batch_size(per_replica_batch: int, strategy: tf.distribute.Strategy) -> int:
-    return per_replica_batch * replicas(strategy)
+    return BatchPlan(per_replica_batch, replicas=replicas(strategy)).global_batch_size
 
 
 def planned_replicas(plan: Plan, environ: Mapping[str, str] | None = None) -> int:
@@ -297,18 +294,8 @@ def with_replicas(plan: Plan, num_replicas: int) -> Plan:
         raise DistributionError(f"num_replicas must be >= 1, got {num_replicas}")
     if num_replicas == plan.num_replicas:
         return plan
-    sources = dict(plan.sources)
-    if sources.get("gradient_accumulation_steps") == "config":
-        accumulation = plan.gradient_accumulation_steps
-    else:
-        accumulation = max(1, math.ceil(plan.target_effective_batch_size / (plan.batch_size * num_replicas)))
-        sources["gradient_accumulation_steps"] = (
-            f"auto: ceil({plan.target_effective_batch_size} / ({plan.batch_size} x {num_replicas} replica(s)))")
-    sources["num_replicas"] = f"auto: {num_replicas} replica(s) in the cluster"
-    sources["effective_batch_size"] = (
-        f"batch {plan.batch_size} x accumulation {accumulation} x {num_replicas} replica(s)")
-    return dataclasses.replace(plan, num_replicas=num_replicas, gradient_accumulation_steps=accumulation,
-                               effective_batch_size=plan.batch_size * accumulation * num_replicas, sources=sources)
+    return plan.with_batch_plan(plan.batch_plan.with_replicas(num_replicas),
+                                sources={"num_replicas": f"auto: {num_replicas} replica(s) in the cluster"})
 
 
 def distribute_dataset(strategy: tf.distribute.Strategy, per_replica_batch: int,

@@ -43,6 +43,8 @@ import math
 import keras
 from keras import ops
 
+from myxtts import compat
+
 
 @keras.saving.register_keras_serializable(package="myxtts")
 class Prodigy(keras.optimizers.Optimizer):
@@ -91,6 +93,7 @@ class Prodigy(keras.optimizers.Optimizer):
         name=None,
         **kwargs,
     ):
+        compat.check_versions()  # it overrides private Keras methods (`_backend_update_step`, ...)
         # The base class would apply `weight_decay` itself, scaled by the learning rate only;
         # Prodigy scales it by d * lr, so it is kept out of super() and applied in the step.
         super().__init__(
@@ -212,7 +215,7 @@ class Prodigy(keras.optimizers.Optimizer):
         tf_variables = [
             v.value if isinstance(v, keras.Variable) else v for v in trainable_variables
         ]
-        grads_and_vars = self._all_reduce_sum_gradients(list(zip(grads, tf_variables)))
+        grads_and_vars = compat.all_reduce_sum_gradients(self, list(zip(grads, tf_variables)))
         # tf.convert_to_tensor densifies IndexedSlices (embedding gradients): Prodigy needs dot
         # products and |s| sums over whole tensors, so sparse updates would not save anything.
         grads = [tf.convert_to_tensor(g) for g, _ in grads_and_vars]
@@ -233,9 +236,9 @@ class Prodigy(keras.optimizers.Optimizer):
                     group=False,
                 )
 
-        tf.__internal__.distribute.interim.maybe_merge_call(
+        compat.maybe_merge_call(
             assign_all,
-            self._distribution_strategy,
+            compat.optimizer_strategy(self),
             grads,
             new_s_sums,
             coefficients,
@@ -294,7 +297,7 @@ class Prodigy(keras.optimizers.Optimizer):
         abs_s_sum = const(0.0)  # sum over all weights of |s_new|
         new_s_sums = []
         for grad, variable in zip(grads, variables):
-            index = self._get_variable_index(variable)
+            index = compat.variable_index(self, variable)
             var_dtype = variable.dtype
             grad = ops.cast(grad, var_dtype)
             weights = ops.convert_to_tensor(variable)
@@ -349,7 +352,7 @@ class Prodigy(keras.optimizers.Optimizer):
 
     def _update_variable(self, variable, grad, new_s, coefficients):
         """Phase 2 for one weight: store its slots and move it, using phase 1's scalars."""
-        index = self._get_variable_index(variable)
+        index = compat.variable_index(self, variable)
         var_dtype = variable.dtype
 
         def coefficient(name):
@@ -378,7 +381,7 @@ class Prodigy(keras.optimizers.Optimizer):
 
         denominator = ops.sqrt(new_exp_avg_sq) + coefficient("epsilon")
         update = coefficient("step_size") * direction / denominator
-        if self.weight_decay > 0 and self._use_weight_decay(variable):
+        if self.weight_decay > 0 and compat.uses_weight_decay(self, variable):
             update = update + coefficient("decay_step") * ops.convert_to_tensor(variable)
         self.assign_sub(variable, update)
 

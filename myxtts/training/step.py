@@ -15,6 +15,7 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
+from myxtts import compat
 from myxtts.data.pipeline import mel_from_audio
 from myxtts.models.losses import LOSS_NAMES, compute_losses
 from myxtts.training.distribute import all_reduce_mean, reducible_logs
@@ -24,6 +25,7 @@ class TrainingModel(keras.Model):
     """Holds the network and defines the steps; checkpoints store `network` and the optimizer."""
 
     def __init__(self, network: keras.Model, data_config=None, **kwargs):
+        compat.check_versions()  # it overrides a private Keras method (`_maybe_symbolic_build`)
         super().__init__(**kwargs)
         self.network = network
         self.data_config = data_config  # needed only with data.mel_on_device (waveform batches)

@@ -5,7 +5,8 @@
 
 Keras "epochs" here are validation intervals, not passes over the data: the training set repeats
 forever and the run ends at `training.max_steps` optimizer updates, so resuming, accumulation and
-data size never change what a step means.
+data size never change what a step means. With `training.steps_per_execution` > 1 an epoch is one
+call of that many micro-batches, and validation runs after the first call that crosses an interval.
 """
 
 from __future__ import annotations
@@ -26,14 +27,16 @@ from myxtts.data.manifest import read_manifest, split_train_val
 from myxtts.data.phonemes import check_language, model_texts, phonemize_utterances
 from myxtts.data.pipeline import build_dataset, copies_to_gpu, to_device
 from myxtts.data.text import Vocabulary
+from myxtts.hardware.batch_plan import BatchPlan
 from myxtts.hardware.detect import detect_machine
+from myxtts.hardware.gpu_memory import allow_memory_growth
 from myxtts.hardware.plan import Plan, RequestedSettings, plan_for_machine
 from myxtts.hardware.probe_runner import probe_batch_size
 from myxtts.hardware.report import short_summary
 from myxtts.models.xtts import network_for
 from myxtts.training.callbacks import (CheckpointSaver, NonFiniteGuard, ProgressLogger, SpeechCheck, StopAtStep,
-                                       console_echo, optimizer_step)
-from myxtts.training import distribute
+                                       ValidationSchedule, console_echo, optimizer_step)
+from myxtts.training import batch_probe, distribute
 from myxtts.training.checkpoints import Checkpoints, CheckpointError
 from myxtts.training.optimizers import build_optimizer
 from myxtts.training.step import TrainingModel
@@ -80,7 +83,7 @@ def resolve_plan(config: Config, echo=console_echo) -> tuple[Config, str, Plan]:
     # The replicas of every host share the effective batch; then measure the batch on this GPU model
     # (cached, and before this process claims GPU memory).
     plan = distribute.with_replicas(plan, distribute.planned_replicas(plan))
-    plan = probe_batch_size(config, plan, facts, echo=echo)
+    plan = probe_batch_size(config, plan, facts, child_module=batch_probe.__name__, echo=echo)
     echo(short_summary(plan, facts))
     resolved = dataclasses.replace(
         config,
@@ -117,7 +120,7 @@ def train(config: Config, workdir: str | Path, *, resume: str = "auto", epochs: 
 
     if config.data.text_frontend == "phonemes":
         check_language(config.data.language)  # a typo fails here, not after the hardware probe
-    allow_memory_growth(echo)
+    allow_memory_growth(echo)  # before any GPU work (detection only lists devices)
     automatic_batch = config.data.batch_size == 0
     config, policy, plan = resolve_plan(config, echo)
     # Before any other TensorFlow work: MultiWorkerMirroredStrategy configures the runtime.
@@ -136,10 +139,8 @@ def train(config: Config, workdir: str | Path, *, resume: str = "auto", epochs: 
 
     train_rows, val_rows = load_splits(config)
     if epochs is not None:
-        t, d = config.training, config.data
-        steps = math.ceil(epochs * len(train_rows) / (distribute.global_batch_size(d.batch_size, strategy)
-                                                      * max(t.gradient_accumulation_steps, 1)))
-        config = dataclasses.replace(config, training=dataclasses.replace(t, max_steps=max(steps, 1)))
+        steps = batch_plan_of(config, distribute.replicas(strategy)).updates_for(epochs * len(train_rows))
+        config = dataclasses.replace(config, training=dataclasses.replace(config.training, max_steps=steps))
     train_rows, val_rows, vocabulary = prepare_text(config, workdir, train_rows, val_rows, rebuild_vocabulary=resume == "reset")
     echo(f"data: {len(train_rows)} training and {len(val_rows)} validation clips, vocabulary of {len(vocabulary)} tokens")
 
@@ -156,16 +157,24 @@ def train(config: Config, workdir: str | Path, *, resume: str = "auto", epochs: 
                     f"back-off) and raise training.gradient_accumulation_steps to keep the effective batch; "
                     f"training.precision: bf16 or fp16 also halves activation memory"
                 ) from None
-            accumulation = max(t.gradient_accumulation_steps, 1) * 2
+            current = batch_plan_of(config, distribute.replicas(strategy))
+            smaller = current.halved()
+            effective = ("same effective batch" if smaller.samples_per_update == current.samples_per_update else
+                         f"effective batch {current.samples_per_update} -> {smaller.samples_per_update}")
             echo(f"out of memory at batch {d.batch_size}: continuing from the last checkpoint with batch "
-                 f"{d.batch_size // 2} x accumulation {accumulation} (same effective batch)")
+                 f"{smaller.batch_size} x accumulation {smaller.accumulation} ({effective})")
             config = dataclasses.replace(
                 config,
-                data=dataclasses.replace(d, batch_size=d.batch_size // 2),
-                training=dataclasses.replace(t, gradient_accumulation_steps=accumulation),
+                data=dataclasses.replace(d, batch_size=smaller.batch_size),
+                training=dataclasses.replace(t, gradient_accumulation_steps=smaller.accumulation),
             )
             resume = "auto"
             strict_restore = False  # the optimizer now has accumulators the checkpoint lacks
+
+
+def batch_plan_of(config: Config, replicas: int) -> BatchPlan:
+    """The resolved config's batch x accumulation x `replicas` (the strategy's count)."""
+    return BatchPlan(config.data.batch_size, max(config.training.gradient_accumulation_steps, 1), replicas)
 
 
 def prepare_text(config: Config, workdir: Path, train_rows, val_rows, *, rebuild_vocabulary: bool = False):
@@ -208,17 +217,6 @@ def _check_same_text_frontend(workdir: Path, d) -> None:
         )
 
 
-def allow_memory_growth(echo=console_echo) -> None:
-    """Let TensorFlow take GPU memory as the run needs it rather than all of it at start, so other
-    processes (the batch probe, a second run, the desktop) keep theirs. Must precede any GPU work:
-    detection only lists devices, which does not start the runtime."""
-    for gpu in tf.config.list_physical_devices("GPU"):
-        try:
-            tf.config.experimental.set_memory_growth(gpu, True)
-        except RuntimeError as error:  # the runtime already started in this process (a second train())
-            echo(f"note: GPU memory growth not changed for {gpu.name}: {error}")
-
-
 class OutOfMemory(RuntimeError):
     pass
 
@@ -257,15 +255,20 @@ def _fit(config: Config, policy: str, strategy, workdir: Path, train_rows, val_r
     if start_step >= t.max_steps:
         echo(f"already at step {start_step} >= training.max_steps ({t.max_steps}); raise --max-steps to train further")
 
-    progress = ProgressLogger(t.log_interval, t.max_steps, d.batch_size * accumulation * replicas, str(workdir / "logs" / "train"), echo)
+    samples_per_update = batch_plan_of(config, replicas).samples_per_update
+    progress = ProgressLogger(t.log_interval, t.max_steps, samples_per_update, str(workdir / "logs" / "train"), echo)
     # Resume also continues the data order: replay the seeded stream up to where it stopped
     # (cheap with data.cache_features; it recomputes the skipped batches' features without).
     micro_steps_done = start_step * accumulation
     if replicas == 1:
         train_stream = train_ds.repeat().skip(micro_steps_done)
-        # Either the copy to the GPU or the input-wait clock can be the last stage, not both: with
-        # the copy, the steps wait on the GPU prefetch, whose background thread the clock cannot see.
-        train_stream = (to_device(train_stream, d) if copies_to_gpu(d) else progress.watch_input(train_stream))
+        if copies_to_gpu(d):
+            # The copy to the GPU must be the last stage, and a clock inside the pipeline would time
+            # its background thread, not the step: time the step's fetch from the GPU buffer instead.
+            train_stream = to_device(train_stream, d)
+            progress.watch_fetches(model)
+        else:
+            train_stream = progress.watch_input(train_stream)
     else:
         def host_stream(batch_size, shard, shards):
             # This host's share of the clips, batched per replica; the distributed iterator moves
@@ -279,17 +282,22 @@ def _fit(config: Config, policy: str, strategy, workdir: Path, train_rows, val_r
 
     guard = NonFiniteGuard(t.max_nonfinite_steps, echo)
     saver = CheckpointSaver(checkpoints, t.checkpoint_interval, echo, guard)
+    per_call = max(t.steps_per_execution, 1)
     callbacks = [
         StopAtStep(t.max_steps),
         guard,
         progress,
         saver,
-        keras.callbacks.TensorBoard(str(workdir / "logs"), update_freq=t.log_interval * accumulation),
+        # Keras' TensorBoard counts calls (of steps_per_execution micro-batches each).
+        keras.callbacks.TensorBoard(str(workdir / "logs"), update_freq=max(1, math.ceil(t.log_interval * accumulation / per_call))),
     ]
     speech_check = _speech_check(config, network, train_rows, val_rows, vocabulary, workdir, echo)
     if speech_check is not None:
         callbacks.insert(0, speech_check)  # val_wer must be in the logs before they are printed and saved
-    interval = t.eval_interval * accumulation  # Keras counts micro-batches
+    # Keras counts micro-batches, and ends an epoch only after a whole call of steps_per_execution of
+    # them (an epoch of 10 runs 12 at 4 per call). So an epoch is one validation interval with one
+    # micro-batch per call, and one call otherwise, validating when a call crosses an interval.
+    epoch_length = t.eval_interval * accumulation if per_call == 1 else per_call
     validation = {}
     if start_step == 0 and val_ds is not None:
         # The untrained model's validation losses: the baseline every later value is judged against.
@@ -298,11 +306,11 @@ def _fit(config: Config, policy: str, strategy, workdir: Path, train_rows, val_r
     if start_step < t.max_steps:
         history = model.fit(
             train_stream,
-            steps_per_epoch=interval,
-            epochs=math.ceil(t.max_steps * accumulation / interval),
-            initial_epoch=micro_steps_done // interval,
+            steps_per_epoch=epoch_length,
+            epochs=math.ceil(t.max_steps * accumulation / epoch_length),
+            initial_epoch=micro_steps_done // epoch_length,
             validation_data=val_ds,
-            validation_freq=_EveryEpochUnlessInterrupted(saver),
+            validation_freq=ValidationSchedule(saver, t.eval_interval, start_step, every_epoch=per_call == 1),
             callbacks=callbacks,
             verbose=0,
         )
@@ -342,23 +350,6 @@ def _speech_check(config: Config, network, train_rows, val_rows, vocabulary, wor
     sentences = HeldOutSentences.from_rows(val_rows, train_rows, vocabulary, config, limit=t.wer_sentences or 1)
     samples_dir = str(workdir / "logs" / "samples") if t.log_samples else None
     return SpeechCheck(network, sentences, scorer, samples_dir, echo)
-
-
-class _EveryEpochUnlessInterrupted(list):
-    """`validation_freq` for `fit`: validate at every epoch end, except once SIGINT/SIGTERM arrived.
-
-    After a signal, Keras would still run the epoch's validation (and the sample synthesis after
-    it) before returning: minutes on a large validation set, longer than a scheduler's grace period
-    before SIGKILL, with Ctrl-C doing nothing meanwhile. `fit` takes a list of epochs here and asks
-    `epoch in validation_freq`, which this answers.
-    """
-
-    def __init__(self, saver: CheckpointSaver):
-        super().__init__()
-        self.saver = saver
-
-    def __contains__(self, epoch) -> bool:
-        return self.saver.interrupted_by is None
 
 
 def build_training_model(config: Config, vocab_size: int, policy: str, sample_batch: dict,

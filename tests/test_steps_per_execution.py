@@ -1,0 +1,80 @@
+"""Several steps per call (`training.steps_per_execution`, the `experimental` level): Keras calls the
+callbacks once per call, so the optimizer step jumps 4, 8, 12; every interval must still fire, at the
+first call that crosses it."""
+
+import types
+
+import keras
+import pytest
+
+from myxtts.config import load_config
+from myxtts.training import callbacks as callbacks_lib
+from myxtts.training.callbacks import CheckpointSaver, ProgressLogger, ValidationSchedule, crossed
+from myxtts.training.checkpoints import Checkpoints
+from myxtts.training.trainer import train
+
+
+def _config(corpus, *overrides):
+    return load_config(overrides=[
+        f"data.train_data={corpus}", "model.size=tiny", "data.batch_size=4", "data.deterministic=true",
+        "data.max_duration_s=6.0", "data.bucket_boundaries_s=[3.0, 6.0]", "training.gradient_accumulation_steps=1",
+        "training.precision=fp32", "training.enable_xla_compilation=false", "training.warmup_steps=2",
+        "training.log_samples=false", *overrides])
+
+
+@pytest.fixture(autouse=True)
+def float32_policy():
+    yield
+    keras.config.set_dtype_policy("float32")
+
+
+def test_crossing_an_interval():
+    assert [step for step in (4, 8, 12, 16) if crossed(step - 4, step, 3)] == [4, 8, 12, 16]
+    assert [step for step in (4, 8, 12, 16) if crossed(step - 4, step, 5)] == [8, 12, 16]
+    assert not crossed(7, 9, 5) and crossed(9, 10, 5) and not crossed(10, 10, 5)
+
+
+def test_four_steps_per_call_logs_checkpoints_and_validates_at_every_crossing(demo_corpus, tmp_path, monkeypatch):
+    saved = []
+    real_save = Checkpoints.save
+    monkeypatch.setattr(Checkpoints, "save", lambda self, kind, step, **extra: (
+        saved.append((kind, step)), real_save(self, kind, step, **extra))[1])
+    config = _config(demo_corpus, "training.steps_per_execution=4", "training.max_steps=20", "training.log_interval=3",
+                     "training.checkpoint_interval=5", "training.eval_interval=5")
+    result = train(config, tmp_path / "run")
+    assert result.step == 20
+    # Calls end at 4, 8, ..., 20; `step % 3 == 0` would log at 12 only.
+    assert [r["step"] for r in result.history] == [4, 8, 12, 16, 20]
+    # Checkpoint interval 5: crossed at 8 (5), 12 (10), 16 (15) and 20; `step % 5` saved at 20 only.
+    assert [step for kind, step in saved if kind == "latest"] == [8, 12, 16, 20]
+    # Validation interval 5: the untrained baseline, then every call that crossed one. (Epochs of 5
+    # micro-batches would run 8 each at 4 per call and validate at 8, 16 and the end only.)
+    assert [v["step"] for v in result.validation_history] == [0, 8, 12, 16, 20]
+
+
+class _Optimizer:
+    """Just what the callbacks read: updates (`iterations`) and micro-batches (`_iterations`)."""
+
+    def __init__(self, accumulation):
+        self.gradient_accumulation_steps = accumulation
+        self.iterations = self._iterations = 0
+
+
+def test_with_accumulation_a_crossing_waits_for_an_update_boundary(monkeypatch):
+    # 4 micro-batches per call, 3 per update: calls end at micro-batch 4, 8, 12, 16 (updates 1, 2, 4, 5),
+    # inside an update except at 12. Saving inside one would store half-accumulated gradients.
+    optimizer = _Optimizer(accumulation=3)
+    model = types.SimpleNamespace(optimizer=optimizer, stop_training=False)
+    saved = []
+    saver = CheckpointSaver(types.SimpleNamespace(save=lambda kind, step: saved.append(step) or "path"), interval=2)
+    saver.set_model(model)
+    saver._last_saved = 0
+    schedule = ValidationSchedule(saver, eval_interval=2, start_step=0, every_epoch=False)
+    monkeypatch.setattr(callbacks_lib, "optimizer_step", lambda model: model.optimizer.iterations)
+    validated = []
+    for micro in (4, 8, 12, 16):
+        optimizer._iterations, optimizer.iterations = micro, micro // 3
+        saver.on_train_batch_end(0)
+        if 0 in schedule:
+            validated.append(optimizer.iterations)
+    assert saved == [4] and validated == [4]  # update 2 was crossed at micro-batch 8, mid-update: wait for 12
