@@ -135,6 +135,7 @@ class TrainingConfig:
     max_nonfinite_steps: int = 25
     gradient_checkpointing: bool = False
     log_samples: bool = True
+    init_from: str = ""
 
 
 @dataclass

@@ -1,7 +1,9 @@
 """`train(config, workdir)`: everything between a resolved config and a trained, checkpointed model.
 
-    hardware plan -> precision policy -> datasets + vocabulary -> model + optimizer
-      -> resume? -> Model.fit(step-based "epochs" of `eval_interval` updates) -> checkpoints
+    hardware plan -> precision policy -> rows + vocabulary -> model + optimizer
+      -> resume (a checkpoint that does not fit stops here) or start (from training.init_from's weights)
+      -> only now write to the run folder -> datasets -> Model.fit(step-based "epochs" of
+         `eval_interval` updates) -> checkpoints
 
 Keras "epochs" here are validation intervals, not passes over the data: the training set repeats
 forever and the run ends at `training.max_steps` optimizer updates, so resuming, accumulation and
@@ -23,8 +25,9 @@ import yaml
 from myxtts import config as config_lib
 from myxtts.config import Config
 from myxtts.data.manifest import read_manifest, split_train_val
-from myxtts.data.phonemes import check_language, model_texts, phonemize_utterances
-from myxtts.data.pipeline import build_dataset, copies_to_gpu, to_device
+from myxtts.data.phonemes import (check_language, model_texts, needs_phonemes, phonemize_utterances,
+                                  read_phonemes_cache, save_phonemes_cache)
+from myxtts.data.pipeline import Epochs, build_dataset, copies_to_gpu, first_batch, to_device
 from myxtts.data.text import Vocabulary
 from myxtts.hardware.detect import detect_machine
 from myxtts.hardware.plan import Plan, RequestedSettings, plan_for_machine
@@ -34,7 +37,8 @@ from myxtts.models.xtts import network_for
 from myxtts.training.callbacks import (CheckpointSaver, NonFiniteGuard, ProgressLogger, StopAtStep, ValidationSamples,
                                        console_echo, optimizer_step)
 from myxtts.training import distribute
-from myxtts.training.checkpoints import Checkpoints, CheckpointError
+from myxtts.training.checkpoints import Checkpoints, CheckpointError, read_meta
+from myxtts.training.init_from import InitSource, check_same_text, extended_vocabulary, initialize_from, load_source
 from myxtts.training.optimizers import build_optimizer
 from myxtts.training.step import TrainingModel
 
@@ -108,11 +112,14 @@ def train(config: Config, workdir: str | Path, *, resume: str = "auto", epochs: 
     `epochs`, when given, replaces training.max_steps by that many passes over the training set.
     Out of GPU memory with an automatic batch size, the micro-batch is halved and accumulation
     doubled (the same effective batch), and training continues from the last checkpoint.
+
+    A run folder whose checkpoint does not fit this config (another model size or vocabulary, a
+    missing meta file) stops the run before anything in the folder is written or deleted. With
+    `training.init_from` and no checkpoint of its own, the run starts from another run's weights.
     """
     workdir = Path(workdir)
-    if resume == "reset" and (workdir / "checkpoints").exists():
-        shutil.rmtree(workdir / "checkpoints")
-        echo(f"--reset-training: removed {workdir / 'checkpoints'}")
+    if resume == "reset":
+        reset_run(workdir, echo)
     workdir.mkdir(parents=True, exist_ok=True)
 
     if config.data.text_frontend == "phonemes":
@@ -128,8 +135,8 @@ def train(config: Config, workdir: str | Path, *, resume: str = "auto", epochs: 
     echo(distribute.describe(strategy))
     if not distribute.is_chief(strategy):
         workdir = distribute.worker_directory(workdir, strategy)  # every worker saves; only the chief's copy counts
-        if resume == "reset" and (workdir / "checkpoints").exists():
-            shutil.rmtree(workdir / "checkpoints")
+        if resume == "reset":
+            reset_run(workdir, echo=lambda message: None)
         workdir.mkdir(parents=True, exist_ok=True)
     keras.config.set_dtype_policy(policy)
     keras.utils.set_random_seed(config.seed)
@@ -140,14 +147,24 @@ def train(config: Config, workdir: str | Path, *, resume: str = "auto", epochs: 
         steps = math.ceil(epochs * len(train_rows) / (distribute.global_batch_size(d.batch_size, strategy)
                                                       * max(t.gradient_accumulation_steps, 1)))
         config = dataclasses.replace(config, training=dataclasses.replace(t, max_steps=max(steps, 1)))
-    train_rows, val_rows, vocabulary = prepare_text(config, workdir, train_rows, val_rows, rebuild_vocabulary=resume == "reset")
-    echo(f"data: {len(train_rows)} training and {len(val_rows)} validation clips, vocabulary of {len(vocabulary)} tokens")
+    resuming = has_checkpoint(workdir)
+    if resume == "require" and not resuming:
+        raise CheckpointError(f"--resume: no checkpoint to resume in {workdir / 'checkpoints' / 'latest'}")
+    source = None
+    if config.training.init_from:
+        if resuming:
+            echo(f"training.init_from ({config.training.init_from}) only starts a run: {workdir} resumes its own checkpoint")
+        else:
+            source = load_source(config.training.init_from)
+            check_same_text(source, config)
+    text = prepare_text(config, workdir, train_rows, val_rows, keep_vocabulary=resuming,
+                        base_vocabulary=source.vocabulary if source else None)
+    echo(f"data: {len(text.train_rows)} training and {len(text.val_rows)} validation clips, vocabulary of {len(text.vocabulary)} tokens")
 
     strict_restore = True
     while True:
-        config_lib.save_config(config, workdir / "config.yaml")
         try:
-            return _fit(config, policy, strategy, workdir, train_rows, val_rows, vocabulary, resume, strict_restore, echo)
+            return _fit(config, policy, strategy, workdir, text, source, strict_restore, echo)
         except tf.errors.ResourceExhaustedError:
             d, t = config.data, config.training
             if not automatic_batch or d.batch_size == 1:
@@ -164,30 +181,91 @@ def train(config: Config, workdir: str | Path, *, resume: str = "auto", epochs: 
                 data=dataclasses.replace(d, batch_size=d.batch_size // 2),
                 training=dataclasses.replace(t, gradient_accumulation_steps=accumulation),
             )
-            resume = "auto"
             strict_restore = False  # the optimizer now has accumulators the checkpoint lacks
 
 
-def prepare_text(config: Config, workdir: Path, train_rows, val_rows, *, rebuild_vocabulary: bool = False):
-    """The rows with their model texts ready, and the run's vocabulary (workdir/vocab.txt).
+def has_checkpoint(workdir: Path) -> bool:
+    return tf.train.latest_checkpoint(str(workdir / "checkpoints" / "latest")) is not None
+
+
+def reset_run(workdir: Path, echo=console_echo) -> None:
+    """--reset-training: delete what ties the folder to the old run: its checkpoints, its vocabulary
+    (new data may hold new tokens) and its phonemes cache."""
+    for path in (workdir / "checkpoints", workdir / VOCABULARY_FILE, workdir / PHONEMES_CACHE):
+        if path.is_dir():
+            shutil.rmtree(path)
+        elif path.exists():
+            path.unlink()
+        else:
+            continue
+        echo(f"--reset-training: removed {path}")
+
+
+VOCABULARY_FILE, PHONEMES_CACHE = "vocab.txt", "phonemes.json"
+
+
+@dataclass
+class RunText:
+    """The rows with their model texts, and the run's vocabulary; `save` writes them to the run folder."""
+
+    train_rows: list
+    val_rows: list
+    vocabulary: Vocabulary
+    language: str
+    new_phonemes: dict  # transcript -> phonemes made now, for the run's phonemes cache
+
+    def save(self, workdir: Path) -> None:
+        self.vocabulary.save(workdir / VOCABULARY_FILE)
+        if self.new_phonemes:
+            cache = workdir / PHONEMES_CACHE
+            save_phonemes_cache(cache, self.language, {**read_phonemes_cache(cache, self.language), **self.new_phonemes})
+
+
+def prepare_text(config: Config, workdir: Path, train_rows, val_rows, *, keep_vocabulary: bool = False,
+                 base_vocabulary: Vocabulary | None = None) -> RunText:
+    """The rows with their model texts ready, and the run's vocabulary; nothing is written (`RunText.save`).
 
     With `data.text_frontend: phonemes`, rows without phonemes (a raw LJSpeech folder) are phonemized
-    here, once, before any graph is built, and cached in workdir/phonemes.json for a resumed run.
-    The vocabulary of a run is fixed at its start, since a resumed run must tokenise the same way;
-    `rebuild_vocabulary` (--reset-training) builds it again from the training rows.
+    here, once, before any graph is built; the run's cache (workdir/phonemes.json) answers for the
+    transcripts phonemized before. `keep_vocabulary` (a run resuming its checkpoint): the vocabulary
+    is the run's vocab.txt, since its checkpoint's token rows follow it; a training token it lacks is
+    an error, not a silent <unk>. Otherwise the vocabulary is built from the training rows, after the
+    tokens of `base_vocabulary` (fine-tuning: `init_from.extended_vocabulary`).
     """
     d = config.data
+    new_phonemes = {}
     if d.text_frontend == "phonemes":
-        rows = phonemize_utterances(train_rows + val_rows, d.language, cache_path=workdir / "phonemes.json", progress=True)
-        train_rows, val_rows = rows[: len(train_rows)], rows[len(train_rows) :]
-    vocab_path = workdir / "vocab.txt"
-    if vocab_path.exists() and not rebuild_vocabulary:
+        rows = train_rows + val_rows
+        phonemized = phonemize_utterances(rows, d.language, cache_path=workdir / PHONEMES_CACHE, progress=True,
+                                          write_cache=False)
+        new_phonemes = {before.text: after.phonemes for before, after in zip(rows, phonemized)
+                        if needs_phonemes(before, d.language)}
+        train_rows, val_rows = phonemized[: len(train_rows)], phonemized[len(train_rows) :]
+    from_data = Vocabulary.from_texts(model_texts(train_rows, d.text_frontend), frontend=d.text_frontend)
+    vocab_path = workdir / VOCABULARY_FILE
+    if keep_vocabulary:
+        if not vocab_path.exists():
+            raise CheckpointError(f"{workdir} has checkpoints but no {VOCABULARY_FILE}, so its token ids are lost. "
+                                  f"{_WAYS_OUT.format(run=workdir)}")
         _check_same_text_frontend(workdir, d)
         vocabulary = Vocabulary.load(vocab_path)
+        unknown = sorted(set(from_data.characters) - set(vocabulary.characters))
+        if unknown:
+            raise ValueError(
+                f"{len(unknown)} tokens of the training data are not in {vocab_path}, which {workdir} was started "
+                f"with: {' '.join(repr(token) for token in unknown)}; they would all be read as <unk>. Start a new run "
+                f"from this one's weights (--init-from {workdir} --output-dir NEW: its vocabulary adds them), or "
+                "--reset-training (starts over here), or train without the rows that hold them")
+    elif base_vocabulary is not None:
+        vocabulary = extended_vocabulary(base_vocabulary, from_data)
     else:
-        vocabulary = Vocabulary.from_texts(model_texts(train_rows, d.text_frontend), frontend=d.text_frontend)
-    vocabulary.save(vocab_path)
-    return train_rows, val_rows, vocabulary
+        vocabulary = from_data
+    return RunText(train_rows, val_rows, vocabulary, d.language, new_phonemes)
+
+
+_WAYS_OUT = ("Nothing in it was written or deleted. Either run with that run's own settings (e.g. --config "
+             "{run}/config.yaml), or train in a new folder (--output-dir NEW; --init-from {run} starts it from "
+             "these weights), or pass --reset-training to delete its checkpoints and start over in {run}")
 
 
 def _check_same_text_frontend(workdir: Path, d) -> None:
@@ -223,46 +301,43 @@ class OutOfMemory(RuntimeError):
     pass
 
 
-def _fit(config: Config, policy: str, strategy, workdir: Path, train_rows, val_rows, vocabulary, resume: str,
+def _fit(config: Config, policy: str, strategy, workdir: Path, text: RunText, source: InitSource | None,
          strict_restore: bool, echo) -> TrainResult:
-    """One attempt: build model, optimizer and datasets for the config's batch, restore, fit."""
+    """One attempt: build model and optimizer for the config's batch, restore (or initialize), and only
+    then write to the run folder, build the datasets and fit."""
     t, d = config.training, config.data
     accumulation = max(t.gradient_accumulation_steps, 1)
-    train_ds = build_dataset(config, train_rows, training=True, vocabulary=vocabulary, gpu_copy=False)
-    val_ds = build_dataset(config, val_rows, training=False, vocabulary=vocabulary) if val_rows else None
-    if val_ds is not None:
-        val_ds = distribute.evenly_split(val_ds, strategy)
-    first_batch = next(iter(train_ds.take(1)), None)
-    if first_batch is None:
+    sample = first_batch(config, text.train_rows, text.vocabulary)
+    if sample is None:
         raise ValueError(
-            f"the {len(train_rows)} training clips do not fill one batch of {d.batch_size}: clips outside "
+            f"the {len(text.train_rows)} training clips do not fill one batch of {d.batch_size}: clips outside "
             f"data.min_duration_s / data.max_duration_s ({d.min_duration_s}-{d.max_duration_s} s) are dropped, and with "
             "data.bucketing each length bucket fills its own batches; lower data.batch_size (--batch-size) or add data")
-    model = build_training_model(config, len(vocabulary), policy, first_batch, strategy)
+    model = build_training_model(config, len(text.vocabulary), policy, sample, strategy)
     replicas = distribute.replicas(strategy)
     network, optimizer = model.network, model.optimizer
 
     checkpoints = Checkpoints(workdir / "checkpoints", network, optimizer, t.optimizer, yaml.safe_dump(config_lib.to_dict(config)))
-    start_step = 0
-    if resume != "reset":
-        try:
-            with strategy.scope():
-                restored = checkpoints.restore(strict=strict_restore)
-        except CheckpointError:
-            if resume == "require":
-                raise CheckpointError(f"--resume: no checkpoint to resume in {workdir / 'checkpoints' / 'latest'}") from None
-        else:
-            echo(restored.message)
-            start_step = optimizer_step(model)
+    start_step = _restore_or_initialize(checkpoints, model, config, workdir, source, text, strict_restore, strategy, echo)
+    # The folder is this run's: from here on it may be written.
+    text.save(workdir)
+    config_lib.save_config(config, workdir / "config.yaml")
     if start_step >= t.max_steps:
         echo(f"already at step {start_step} >= training.max_steps ({t.max_steps}); raise --max-steps to train further")
 
+    feature_cache = workdir / "feature_cache"  # used only when the features outgrow RAM (feature_cache.py)
+    val_ds = (build_dataset(config, text.val_rows, training=False, vocabulary=text.vocabulary,
+                            fallback_cache_dir=feature_cache, echo=echo) if text.val_rows else None)
+    if val_ds is not None:
+        val_ds = distribute.evenly_split(val_ds, strategy)
     progress = ProgressLogger(t.log_interval, t.max_steps, d.batch_size * accumulation * replicas, str(workdir / "logs" / "train"), echo)
-    # Resume also continues the data order: replay the seeded stream up to where it stopped
-    # (cheap with data.cache_features; it recomputes the skipped batches' features without).
+    # Resume continues the data order: epoch e of the stream is a function of the seed, so the
+    # stream starts at the resumed epoch and skips only the batches of it already trained on.
     micro_steps_done = start_step * accumulation
     if replicas == 1:
-        train_stream = train_ds.repeat().skip(micro_steps_done)
+        epochs = Epochs(config, text.train_rows, training=True, vocabulary=text.vocabulary,
+                        fallback_cache_dir=feature_cache, echo=echo)
+        train_stream = epochs.stream(micro_steps_done)
         # Either the copy to the GPU or the input-wait clock can be the last stage, not both: with
         # the copy, the steps wait on the GPU prefetch, whose background thread the clock cannot see.
         train_stream = (to_device(train_stream, d) if copies_to_gpu(d) else progress.watch_input(train_stream))
@@ -271,8 +346,9 @@ def _fit(config: Config, policy: str, strategy, workdir: Path, train_rows, val_r
             # This host's share of the clips, batched per replica; the distributed iterator moves
             # each batch to its device, so the pipeline itself must not prefetch to a GPU.
             local = dataclasses.replace(config, data=dataclasses.replace(d, batch_size=batch_size))
-            stream = build_dataset(local, train_rows[shard::shards], training=True, vocabulary=vocabulary, gpu_copy=False)
-            return stream.repeat().skip(micro_steps_done * replicas // shards)  # the batches this host already served
+            epochs = Epochs(local, text.train_rows[shard::shards], training=True, vocabulary=text.vocabulary,
+                            fallback_cache_dir=feature_cache / f"shard-{shard}", echo=echo)
+            return epochs.stream(micro_steps_done * replicas // shards)  # after the batches this host already served
 
         # A distributed dataset takes no further stages: no input_wait_ms with several replicas.
         train_stream = distribute.distribute_dataset(strategy, d.batch_size, host_stream)
@@ -322,6 +398,42 @@ def _fit(config: Config, policy: str, strategy, workdir: Path, train_rows, val_r
         batch_size=d.batch_size,
         gradient_accumulation_steps=accumulation,
     )
+
+
+def _restore_or_initialize(checkpoints: Checkpoints, model, config: Config, workdir: Path, source: InitSource | None,
+                           text: RunText, strict_restore: bool, strategy, echo) -> int:
+    """The step to start at: the run's own checkpoint restored, else 0 (from `source`'s weights when
+    fine-tuning). A checkpoint that does not fit stops the run, nothing written (see `_WAYS_OUT`)."""
+    path = checkpoints.latest_path()
+    if path is None:
+        if source is not None:
+            with strategy.scope():
+                echo(initialize_from(model.network, source, text.vocabulary).message())
+        return 0
+    try:
+        with strategy.scope():
+            restored = checkpoints.restore(path, strict=strict_restore)
+    except CheckpointError as error:
+        cause = str(error).rstrip(".")
+        raise CheckpointError(f"{workdir} holds a checkpoint this run cannot continue from: {cause}."
+                              f"{_settings_changed(path, config)}\n{_WAYS_OUT.format(run=workdir)}") from None
+    echo(restored.message)
+    return optimizer_step(model)
+
+
+def _settings_changed(path: str, config: Config) -> str:
+    """ Settings the checkpoint was saved with that differ now (a hint at the cause), or ""."""
+    try:
+        saved = yaml.safe_load(read_meta(path).get("config") or "")
+    except CheckpointError:
+        return ""
+    if not isinstance(saved, dict):
+        return ""
+    now = config_lib.to_dict(config)
+    changed = [f"{section}.{key}: {value!r} then, {now[section].get(key)!r} now"
+               for section, values in saved.items() if isinstance(values, dict) and isinstance(now.get(section), dict)
+               for key, value in values.items() if now[section].get(key) != value]
+    return f" Settings that differ from the checkpoint's: {'; '.join(changed[:8])}." if changed else ""
 
 
 class _EveryEpochUnlessInterrupted(list):
