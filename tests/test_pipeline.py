@@ -216,15 +216,15 @@ def _speakers_of_batches(dataset, utterances, vocabulary, epochs):
     return per_batch
 
 
-@pytest.mark.parametrize("cache", ["ram", "file", "none"])
+@pytest.mark.parametrize("cache", ["ram", "file"])
 def test_a_speaker_sorted_manifest_gives_batches_of_mixed_speakers(utterances, cache, tmp_path):
     """A window shuffle (here 4 clips, standing for 2,048 of a corpus far larger) over a manifest sorted
-    by speaker gave single-speaker batches. Every way of caching must give about as many speakers per
-    batch as random order does."""
+    by speaker gave single-speaker batches. Both caches must give about as many speakers per batch as
+    random order does. (Without a cache the file list is permuted whole every epoch, as before.)"""
     from myxtts.data.pipeline import build_vocabulary
 
     sorted_rows = _by_speaker(utterances)
-    settings = {"ram": [], "file": [f"data.cache_dir={tmp_path}"], "none": ["data.cache_features=false"]}[cache]
+    settings = {"ram": [], "file": [f"data.cache_dir={tmp_path}"]}[cache]
     config = _config("data.bucketing=false", "data.shuffle_buffer_size=4", *settings)
     vocabulary = build_vocabulary(sorted_rows, config.data)
     batches = _speakers_of_batches(build_dataset(config, sorted_rows, training=True, vocabulary=vocabulary),
@@ -279,17 +279,20 @@ def test_a_stream_started_mid_way_continues_the_uninterrupted_one(utterances, se
     data.deterministic: false too (parallel decoding may finish clips in any order)."""
     from myxtts.data.pipeline import Epochs, build_vocabulary
 
-    config = _config(*settings)
-    vocabulary = build_vocabulary(utterances, config.data)
+    config = _config("data.bucketing=false", *settings)
+    rows = utterances[:12]  # three batches an epoch
+    vocabulary = build_vocabulary(rows, config.data)
 
-    def batches(start, count):
-        epochs = Epochs(config, utterances, training=True, vocabulary=vocabulary)
-        return [{k: v.tolist() for k, v in b.items()} for b in epochs.stream(start).take(count).as_numpy_iterator()]
+    def as_lists(dataset, count):
+        return [{k: v.tolist() for k, v in b.items()} for b in dataset.take(count).as_numpy_iterator()]
 
-    per_epoch = Epochs(config, utterances, training=True, vocabulary=vocabulary).batches_per_epoch()
+    resumed = Epochs(config, rows, training=True, vocabulary=vocabulary)  # a new process would build its own
+    per_epoch = resumed.batches_per_epoch()
+    assert per_epoch == 3
     start = per_epoch + 2  # into the second epoch: the first is not replayed
-    assert batches(start, 3) == batches(0, start + 3)[start:]
-    assert batches(0, per_epoch)[:3] != batches(per_epoch, 3)  # epochs differ
+    uninterrupted = as_lists(Epochs(config, rows, training=True, vocabulary=vocabulary).stream(0), start + 3)
+    assert as_lists(resumed.stream(start), 3) == uninterrupted[start:]
+    assert uninterrupted[:3] != uninterrupted[per_epoch : per_epoch + 3]  # epochs differ
 
 
 def test_features_that_do_not_fit_in_ram_are_cached_in_a_file(utterances, tmp_path, monkeypatch):
@@ -297,20 +300,29 @@ def test_features_that_do_not_fit_in_ram_are_cached_in_a_file(utterances, tmp_pa
 
     config = _config("data.bucketing=false")
     c = config.data
-    estimate = feature_cache.estimate_cache_bytes(c, utterances, [u.phonemes for u in utterances])
-    monkeypatch.setattr(feature_cache, "usable_ram_bytes", lambda: estimate)  # half of it is the RAM cache's share
+    features = feature_cache.estimate_cache_bytes(c, utterances, [u.phonemes for u in utterances])
+    crops = feature_cache.crop_table_bytes(c, len(utterances))  # the references kept in RAM
+    # RAM for the crops and half the features: the features go to disk, the crops stay in RAM.
+    monkeypatch.setattr(feature_cache, "usable_ram_bytes", lambda: 2 * (crops + features // 2))
     with pytest.raises(ValueError, match=r"do not fit in 50% of the RAM.*set data\.cache_dir.*data\.cache_features: false"):
         build_dataset(config, utterances, training=True)
     notes = []
     dataset = build_dataset(config, utterances, training=True, fallback_cache_dir=tmp_path / "cache", echo=notes.append)
-    assert len(notes) == 1 and str(tmp_path / "cache") in notes[0]
-    assert len(list(dataset.as_numpy_iterator())) == len(utterances) // 4
+    assert len(notes) == 1 and str(tmp_path / "cache") in notes[0] and "from their files" not in notes[0]
+    on_disk = list(dataset.as_numpy_iterator())
+    assert len(on_disk) == len(utterances) // 4
     data_files = list((tmp_path / "cache").glob("train-*.data-*"))
     assert len(data_files) == 1
     # The estimate from the manifest's durations against what the cache file holds: trimmed
     # silence makes the features shorter than the clips, tensor framing adds a little.
-    assert 0.8 < estimate / data_files[0].stat().st_size < 1.6, (estimate, data_files[0].stat().st_size)
-    # Within the budget, the cache stays in RAM: no file.
-    monkeypatch.setattr(feature_cache, "usable_ram_bytes", lambda: 3 * estimate)
+    assert 0.8 < features / data_files[0].stat().st_size < 1.6, (features, data_files[0].stat().st_size)
+    # Not even the crops fit: references are decoded from their files every epoch, said once.
+    monkeypatch.setattr(feature_cache, "usable_ram_bytes", lambda: crops)
+    notes.clear()
+    from_files = list(build_dataset(config, utterances, training=True, fallback_cache_dir=tmp_path / "cache",
+                                    echo=notes.append).as_numpy_iterator())
+    assert len(notes) == 1 and "reads them from their files" in notes[0] and len(from_files) == len(on_disk)
+    # Within the budget, everything stays in RAM: no file.
+    monkeypatch.setattr(feature_cache, "usable_ram_bytes", lambda: 4 * (features + crops))
     list(build_dataset(config, utterances, training=True, fallback_cache_dir=tmp_path / "unused").as_numpy_iterator())
     assert not (tmp_path / "unused").exists()

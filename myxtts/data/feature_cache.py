@@ -8,10 +8,12 @@ durations (or the WAV headers where a row has none):
               the waveform, seconds * sample_rate float32, with data.mel_on_device)
               + its tokens and lengths
 
-The voice reference is not cached: it is drawn again each epoch (`references.py`) and read from
-its file then. Above `RAM_SHARE` of the RAM this process may use (cgroup limits included), the
-cache goes to a file: under `data.cache_dir` when set, else under the folder the caller offers
-(the trainer offers `<run>/feature_cache`); with neither, the error says which key to set.
+plus, for every clip, its reference crop (reference_frames x n_mels float32), which the pipeline
+keeps in RAM to draw each epoch's references from (`references.py`). Above `RAM_SHARE` of the RAM
+this process may use (cgroup limits included), the features go to a file: under `data.cache_dir`
+when set, else under the folder the caller offers (the trainer offers `<run>/feature_cache`); with
+neither, the error says which key to set. Crops that do not fit either are read from their files
+every epoch (slower, said on the console).
 """
 
 from __future__ import annotations
@@ -42,10 +44,12 @@ NOT_FEATURE_KEYS = frozenset({"batch_size", "num_workers", "prefetch_buffer_size
 
 @dataclass(frozen=True)
 class CachePlan:
-    """`path` for `Dataset.cache`: "" = RAM, else a file prefix. `estimated_bytes` of the features."""
+    """`path` for `Dataset.cache`: "" = RAM, else a file prefix. `estimated_bytes` of the features;
+    `crops_in_ram`: every clip's reference crop is kept in RAM too (`references.CropTable`)."""
 
     path: str
     estimated_bytes: int
+    crops_in_ram: bool = True
     note: str = ""  # said once on the console when the plan is not the one the config asked for
 
     @property
@@ -57,21 +61,32 @@ def plan_cache(c: DataConfig, utterances: list[Utterance], texts: list[str], tok
                training: bool, fallback_dir: str | Path | None = None) -> CachePlan:
     """Where to cache the features of these rows (see the module docstring)."""
     estimate = estimate_cache_bytes(c, utterances, texts)
+    crops = crop_table_bytes(c, len(utterances))
     name = f"{'train' if training else 'eval'}-{_digest(c, utterances, texts, tokens, seed)}"
-    if c.cache_dir:
-        return CachePlan(_file_prefix(Path(c.cache_dir), name, estimate, "data.cache_dir"), estimate)
     budget = int(RAM_SHARE * usable_ram_bytes())
-    if estimate <= budget:
+    if not c.cache_dir and estimate + crops <= budget:
         return CachePlan("", estimate)
-    what = (f"the features of {len(utterances)} clips (about {_gb(estimate)}) do not fit in {RAM_SHARE:.0%} of "
-            f"the RAM this process may use ({_gb(budget)})")
+    crops_in_ram = crops <= budget
+    slower = "" if crops_in_ram else (f"the voice references of {len(utterances)} clips (about {_gb(crops)}) do not "
+                                      f"fit in {RAM_SHARE:.0%} of the RAM this process may use ({_gb(budget)}) either: "
+                                      "each epoch reads them from their files (slower)")
+    if c.cache_dir:
+        return CachePlan(_file_prefix(Path(c.cache_dir), name, estimate, "data.cache_dir"), estimate, crops_in_ram, slower)
+    what = (f"the features of {len(utterances)} clips (about {_gb(estimate)}, and {_gb(crops)} of voice references) "
+            f"do not fit in {RAM_SHARE:.0%} of the RAM this process may use ({_gb(budget)})")
     if fallback_dir is None:
         raise ValueError(f"{what}: set data.cache_dir to a folder with that much free disk (the cache goes to a "
                          "file there), or data.cache_features: false (features computed every epoch)")
     folder = Path(fallback_dir)
     prefix = _file_prefix(folder, name, estimate, "data.cache_dir")
     _remove_stale_lock(prefix)  # the folder is this run's own: a lock left there is from a killed run
-    return CachePlan(prefix, estimate, f"{what}: caching them on disk in {folder} (data.cache_dir picks the folder)")
+    note = f"{what}: caching the features on disk in {folder} (data.cache_dir picks the folder)"
+    return CachePlan(prefix, estimate, crops_in_ram, f"{note}; {slower}" if slower else note)
+
+
+def crop_table_bytes(c: DataConfig, clips: int) -> int:
+    """Bytes of every clip's reference crop held in RAM (`references.CropTable`)."""
+    return clips * (c.reference_frames * c.n_mels * 4 + 4)
 
 
 def estimate_cache_bytes(c: DataConfig, utterances: list[Utterance], texts: list[str]) -> int:

@@ -23,11 +23,16 @@ Order, every epoch (`Epochs`), so that a manifest sorted by speaker still gives 
 * no cache: the file list is permuted every epoch before decoding.
 
 Each epoch has a key, drawn from the seed and the epoch number, that seeds its shuffle and the
-draw of every clip's voice reference (`references.py`). With a cache, the clips reach the cache,
-and the references reach the batches, in a fixed order (only decoding the first epoch waits for
-its slowest clip), so the batches are a function of the seed and the epoch number: a resumed run
-(`Epochs.stream(start_batch)`) continues exactly where an uninterrupted one would be. Without a
-cache, `data.deterministic: false` lets fast clips overtake slow ones every epoch.
+draw of every clip's voice reference (`references.py`). With a cache, every clip's reference crop
+is computed once, before the first epoch, and kept in RAM, so an epoch gathers references instead
+of decoding them (they are decoded from their files every epoch only without a cache, or when the
+crops do not fit in RAM either, `feature_cache.py`).
+
+With a cache, the clips reach the cache and the references reach the batches in a fixed order
+(only the first epoch's decoding waits for its slowest clip), so the batches are a function of the
+seed and the epoch number: a resumed run (`Epochs.stream(start_batch)`) continues exactly where an
+uninterrupted one would be. Without a cache, `data.deterministic: false` lets fast clips overtake
+slow ones every epoch.
 
 A batch is a dict:
     mel              float32 [batch, frames, n_mels]   log-mel, padded with log(data.log_floor)
@@ -53,7 +58,7 @@ from myxtts.data import audio
 from myxtts.data.feature_cache import plan_cache
 from myxtts.data.manifest import Utterance, read_manifest
 from myxtts.data.phonemes import model_texts, phonemize_utterances
-from myxtts.data.references import ReferenceTable, assign_references  # noqa: F401 (assign_references: public here too)
+from myxtts.data.references import CropTable, ReferenceTable, assign_references  # noqa: F401 (assign_references: public here too)
 from myxtts.data.text import PAD_ID, Vocabulary, tokenize
 from myxtts.hardware.host import usable_cores, usable_ram_bytes
 
@@ -116,6 +121,7 @@ class Epochs:
         self.ordered = c.deterministic or not training or cached
         self.cache = None
         self._cached_features = None
+        self._crops = None  # references.CropTable, built on the first one_pass/stream when the plan keeps crops in RAM
         if cached:
             self.cache = plan_cache(c, utterances, texts, self.vocabulary.tokens, seed=self.seed, training=training,
                                     fallback_dir=fallback_cache_dir)
@@ -125,6 +131,7 @@ class Epochs:
 
     def one_pass(self) -> tf.data.Dataset:
         """One epoch; for training, every iteration of the returned dataset is a new epoch."""
+        self._build_crop_table()
         if self.training:
             keys = tf.data.Dataset.random(seed=self.seed, rerandomize_each_iteration=True).take(1)
         else:
@@ -137,6 +144,7 @@ class Epochs:
         Epoch e is the same at any start, so a resumed run continues where it stopped: the epochs
         before are not replayed, only the batches of the current one before `start_batch`.
         """
+        self._build_crop_table()
         first_epoch, skip = divmod(start_batch, self.batches_per_epoch()) if start_batch else (0, 0)
         epochs = tf.data.Dataset.range(first_epoch, tf.int64.max).map(self.epoch_key)
         return self._finish(epochs.flat_map(self.epoch).skip(skip))
@@ -199,8 +207,17 @@ class Epochs:
         ds = ds.filter(lambda ex: within_limits(ex, c))
         return ds.map(lambda ex: _features(ex, c), num_parallel_calls=self._parallel_calls, deterministic=self.ordered)
 
+    def _build_crop_table(self) -> None:
+        if self._crops is None and self.cache is not None and self.cache.crops_in_ram:
+            c = self.data
+            self._crops = CropTable([u.audio_path for u in self.utterances], lambda path: reference_log_mel(path, c),
+                                    c.reference_frames, c.n_mels, self._parallel_calls)
+
     def _with_reference(self, example, key) -> dict:
-        reference, reference_length = reference_log_mel(self.references.reference_path(example["clip"], key), self.data)
+        if self._crops is not None:  # gathered from RAM
+            reference, reference_length = self._crops.gather(self.references.reference_clip(example["clip"], key))
+        else:  # decoded from its file
+            reference, reference_length = reference_log_mel(self.references.reference_path(example["clip"], key), self.data)
         features = {k: v for k, v in example.items() if k != "clip"}
         return {**features, "reference_mel": reference, "reference_length": reference_length}
 

@@ -8,7 +8,9 @@ The choice is made in the graph, per epoch, from a key and the clip's index alon
 so every epoch pairs a clip with another reference (the model cannot learn one fixed pairing),
 and the pairing does not depend on the order in which parallel decoding delivered the clips: a
 resumed run draws the same references as an uninterrupted one. Only TensorFlow ops run per clip
-(tests/test_pipeline.py scans the graph); the tables are built once, in Python, from the rows.
+(tests/test_pipeline.py scans the graph); the speaker tables are built once, in Python, from the
+rows. With cached features the pipeline also keeps every clip's reference crop in RAM
+(`CropTable`), so an epoch gathers references instead of decoding them from their files.
 
 `assign_references` is the same rule drawn once in Python, for callers outside the pipeline
 (synthesis of a validation sentence, the pipeline benchmark).
@@ -63,6 +65,10 @@ class ReferenceTable:
 
     def reference_path(self, clip, key) -> tf.Tensor:
         """The audio path of clip `clip`'s reference in the epoch of int64 `key` (scalar tensors)."""
+        return tf.gather(tf.constant(self._paths, tf.string), self.reference_clip(clip, key))
+
+    def reference_clip(self, clip, key) -> tf.Tensor:
+        """The index of the clip that lends clip `clip` its reference in the epoch of int64 `key`."""
         clip = tf.cast(clip, tf.int64)
         count = tf.gather(tf.constant(self._count, tf.int64), clip)
         position = tf.gather(tf.constant(self._position, tf.int64), clip)
@@ -71,5 +77,33 @@ class ReferenceTable:
         pick = draw % tf.maximum(count - 1, 1)  # among the others: skip the clip's own position
         other = tf.where(count > 1, tf.where(pick >= position, pick + 1, pick), position)  # alone: itself
         start = tf.gather(tf.constant(self._start, tf.int64), clip)
-        chosen = tf.gather(tf.constant(self._members, tf.int64), start + other)
-        return tf.gather(tf.constant(self._paths, tf.string), chosen)
+        return tf.gather(tf.constant(self._members, tf.int64), start + other)
+
+
+class CropTable:
+    """Every clip's reference crop (its middle `data.reference_duration_s` as a padded log-mel), held in
+    variables in host RAM and gathered by clip index: [clips, reference_frames, n_mels] float32.
+
+    Variables, not a tensor captured by the pipeline: tf.data serializes captured tensors into its
+    graph (for its optimizations, for the graph scan), which a large table would not survive (measured
+    with 166 MB: 5x slower iteration and a copy in RAM; protobuf stops at 2 GB). Built with one pass of
+    `crop` over the paths, in TensorFlow ops.
+    """
+
+    def __init__(self, paths: list[str], crop, frames: int, n_mels: int, parallel_calls):
+        if tf.distribute.has_strategy():
+            raise RuntimeError("build the input pipeline outside strategy.scope(): the reference crops would be "
+                               "copied to every replica's device")
+        with tf.device("/cpu:0"):
+            self.mels = tf.Variable(tf.zeros([len(paths), frames, n_mels]), trainable=False, name="reference_crops")
+            self.lengths = tf.Variable(tf.zeros([len(paths)], tf.int32), trainable=False, name="reference_crop_lengths")
+        crops = tf.data.Dataset.from_tensor_slices(paths).map(crop, num_parallel_calls=parallel_calls).batch(256)
+        start = 0
+        for mels, lengths in crops:  # a few hundred clips per assignment
+            count = int(lengths.shape[0])
+            self.mels[start : start + count].assign(mels)
+            self.lengths[start : start + count].assign(lengths)
+            start += count
+
+    def gather(self, clip) -> tuple[tf.Tensor, tf.Tensor]:
+        return tf.gather(self.mels, clip), tf.gather(self.lengths, clip)
