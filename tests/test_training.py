@@ -13,7 +13,8 @@ from myxtts.data.manifest import Utterance, read_manifest
 from myxtts.data.pipeline import build_dataset, build_vocabulary
 from myxtts.models.xtts import network_for
 from myxtts.training.step import TrainingModel
-from myxtts.training.trainer import prepare_text, train
+from myxtts.training.run_folder import prepare_text
+from myxtts.training.trainer import train
 
 
 def _config(corpus, *overrides):
