@@ -39,7 +39,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     steps.add_argument("--epochs", type=float, help="passes over the training set, converted to training.max_steps")
     again = p.add_mutually_exclusive_group()
     again.add_argument("--resume", action="store_true", help="resume from the run folder's latest checkpoint; error if there is none (re-running without flags also resumes when one exists)")
-    again.add_argument("--reset-training", action="store_true", help="delete the run folder's checkpoints and start from scratch")
+    again.add_argument("--reset-training", action="store_true", help="delete the run folder's checkpoints, vocab.txt and phonemes cache and start from scratch")
+    p.add_argument("--init-from", metavar="RUN_OR_CHECKPOINT", help="fine-tune: start this run from another run's weights (a run folder or "
+                   "checkpoint prefix) with a new optimizer at step 0; tokens new to its vocabulary are added (training.init_from)")
     p.add_argument("--enable-eager-debug", action="store_true", help="run the step eagerly, without tf.function or XLA (slow; for debugging)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override any config key, e.g. --set data.cache_dir=/tmp/cache (repeatable)")
     p.add_argument("--gpu", help="GPU(s) to train on: 0, 0,1, all or cpu (default: the choice saved in ~/.myxtts/gpu_config.json, "
@@ -63,6 +65,7 @@ def build_config(args: argparse.Namespace):
         "training.optimizer": args.optimizer,
         "training.precision": args.precision,
         "training.max_steps": args.max_steps,
+        "training.init_from": args.init_from,
     }
     overrides = [f"{key}={value}" for key, value in flags.items() if value is not None]
     if args.enable_eager_debug:

@@ -135,6 +135,7 @@ class TrainingConfig:
     gradient_checkpointing: bool = False
     log_samples: bool = True
     wer_sentences: int = 24
+    init_from: str = ""
 
 
 @dataclass

@@ -192,3 +192,138 @@ def test_mel_on_device_gives_the_same_features(utterances):
             np.testing.assert_array_equal(d["mel_length"].numpy(), h["mel_length"])
             for i, n in enumerate(h["mel_length"]):
                 np.testing.assert_allclose(mel[i, :n], h["mel"][i, :n], atol=2e-3)
+
+
+# --- Order and references at scale: a manifest sorted by speaker -----------------------------------
+
+
+def _by_speaker(utterances):
+    return sorted(utterances, key=lambda u: (u.speaker, u.audio_path))
+
+
+def _expected_speakers_per_batch(speaker_counts, batch):
+    """E[distinct speakers] in `batch` clips drawn at random without replacement (hypergeometric)."""
+    total = sum(speaker_counts)
+    return sum(1 - math.comb(total - n, batch) / math.comb(total, batch) for n in speaker_counts)
+
+
+def _speakers_of_batches(dataset, utterances, vocabulary, epochs):
+    speaker_of = {tuple(vocabulary.encode(u.phonemes)): u.speaker for u in utterances}
+    assert len(speaker_of) == len(utterances)  # every sentence differs: tokens name the clip
+    per_batch = []
+    for _ in range(epochs):
+        for batch in dataset.as_numpy_iterator():
+            per_batch.append({speaker_of[tuple(row[:n])] for row, n in zip(batch["tokens"], batch["text_length"])})
+    return per_batch
+
+
+@pytest.mark.parametrize("cache", ["ram", "file"])
+def test_a_speaker_sorted_manifest_gives_batches_of_mixed_speakers(utterances, cache, tmp_path):
+    """A window shuffle (here 4 clips, standing for 2,048 of a corpus far larger) over a manifest sorted
+    by speaker gave single-speaker batches. Both caches must give about as many speakers per batch as
+    random order does. (Without a cache the file list is permuted whole every epoch, as before.)"""
+    from myxtts.data.pipeline import build_vocabulary
+
+    sorted_rows = _by_speaker(utterances)
+    settings = {"ram": [], "file": [f"data.cache_dir={tmp_path}"]}[cache]
+    config = _config("data.bucketing=false", "data.shuffle_buffer_size=4", *settings)
+    vocabulary = build_vocabulary(sorted_rows, config.data)
+    batches = _speakers_of_batches(build_dataset(config, sorted_rows, training=True, vocabulary=vocabulary),
+                                   sorted_rows, vocabulary, epochs=10)
+    counts = [sum(u.speaker == s for u in sorted_rows) for s in sorted({u.speaker for u in sorted_rows})]
+    expected = _expected_speakers_per_batch(counts, 4)  # 3.2 for 5 speakers of 4-5 clips
+    observed = np.mean([len(speakers) for speakers in batches])
+    # 60 batches; one batch's count has a standard deviation of about 0.6, so 0.35 is several standard
+    # errors. The manifest's own order gives about 1.6.
+    assert abs(observed - expected) < 0.35, (observed, expected)
+
+
+def test_references_are_another_clip_of_the_speaker_drawn_again_each_epoch(utterances):
+    from myxtts.data.pipeline import build_vocabulary, reference_log_mel
+
+    config = _config("data.bucketing=false")
+    c = config.data
+    rows = _by_speaker(utterances)
+    vocabulary = build_vocabulary(rows, c)
+    crops = [reference_log_mel(u.audio_path, c)[0].numpy() for u in rows]  # what each clip lends as a reference
+    clip_of = {tuple(vocabulary.encode(u.phonemes)): i for i, u in enumerate(rows)}
+
+    def references(dataset):
+        """{clip: index of the clip whose crop is its reference} for one epoch."""
+        chosen = {}
+        for batch in dataset.as_numpy_iterator():
+            for row, n, reference in zip(batch["tokens"], batch["text_length"], batch["reference_mel"]):
+                matches = [j for j, crop in enumerate(crops) if np.allclose(crop, reference, atol=1e-5)]
+                assert len(matches) == 1
+                chosen[clip_of[tuple(row[:n])]] = matches[0]
+        return chosen
+
+    dataset = build_dataset(config, rows, training=True, vocabulary=vocabulary)
+    epochs = [references(dataset) for _ in range(3)]
+    for chosen in epochs:
+        for clip, reference in chosen.items():
+            assert rows[reference].speaker == rows[clip].speaker and reference != clip
+    shared = set(epochs[0]) & set(epochs[1]) & set(epochs[2])
+    redrawn = [clip for clip in shared if len({epochs[e][clip] for e in range(3)}) > 1]
+    # Each speaker has 4 or 5 clips, so a reference repeats in the next epoch with p = 1/3 or 1/4.
+    assert len(redrawn) >= len(shared) // 2, (len(redrawn), len(shared))
+    # data.deterministic: true: the same seed gives the same epochs, references included.
+    again = build_dataset(config, rows, training=True, vocabulary=vocabulary)
+    assert [references(again) for _ in range(3)] == epochs
+
+
+@pytest.mark.parametrize("settings", [["data.deterministic=false", "data.num_workers=4"],
+                                      ["data.cache_features=false", "data.deterministic=true"]])
+def test_a_stream_started_mid_way_continues_the_uninterrupted_one(utterances, settings):
+    """What a resumed run trains on: batch k onwards of the stream started at k equals batch k onwards of
+    the stream started at 0, two epochs in. With the default levels (a feature cache) that holds with
+    data.deterministic: false too (parallel decoding may finish clips in any order)."""
+    from myxtts.data.pipeline import Epochs, build_vocabulary
+
+    config = _config("data.bucketing=false", *settings)
+    rows = utterances[:12]  # three batches an epoch
+    vocabulary = build_vocabulary(rows, config.data)
+
+    def as_lists(dataset, count):
+        return [{k: v.tolist() for k, v in b.items()} for b in dataset.take(count).as_numpy_iterator()]
+
+    resumed = Epochs(config, rows, training=True, vocabulary=vocabulary)  # a new process would build its own
+    per_epoch = resumed.batches_per_epoch()
+    assert per_epoch == 3
+    start = per_epoch + 2  # into the second epoch: the first is not replayed
+    uninterrupted = as_lists(Epochs(config, rows, training=True, vocabulary=vocabulary).stream(0), start + 3)
+    assert as_lists(resumed.stream(start), 3) == uninterrupted[start:]
+    assert uninterrupted[:3] != uninterrupted[per_epoch : per_epoch + 3]  # epochs differ
+
+
+def test_features_that_do_not_fit_in_ram_are_cached_in_a_file(utterances, tmp_path, monkeypatch):
+    from myxtts.data import feature_cache
+
+    config = _config("data.bucketing=false")
+    c = config.data
+    features = feature_cache.estimate_cache_bytes(c, utterances, [u.phonemes for u in utterances])
+    crops = feature_cache.crop_table_bytes(c, len(utterances))  # the references kept in RAM
+    # RAM for the crops and half the features: the features go to disk, the crops stay in RAM.
+    monkeypatch.setattr(feature_cache, "usable_ram_bytes", lambda: 2 * (crops + features // 2))
+    with pytest.raises(ValueError, match=r"do not fit in 50% of the RAM.*set data\.cache_dir.*data\.cache_features: false"):
+        build_dataset(config, utterances, training=True)
+    notes = []
+    dataset = build_dataset(config, utterances, training=True, fallback_cache_dir=tmp_path / "cache", echo=notes.append)
+    assert len(notes) == 1 and str(tmp_path / "cache") in notes[0] and "from their files" not in notes[0]
+    on_disk = list(dataset.as_numpy_iterator())
+    assert len(on_disk) == len(utterances) // 4
+    data_files = list((tmp_path / "cache").glob("train-*.data-*"))
+    assert len(data_files) == 1
+    # The estimate from the manifest's durations against what the cache file holds: trimmed
+    # silence makes the features shorter than the clips, tensor framing adds a little.
+    assert 0.8 < features / data_files[0].stat().st_size < 1.6, (features, data_files[0].stat().st_size)
+    # Not even the crops fit: references are decoded from their files every epoch, said once.
+    monkeypatch.setattr(feature_cache, "usable_ram_bytes", lambda: crops)
+    notes.clear()
+    from_files = list(build_dataset(config, utterances, training=True, fallback_cache_dir=tmp_path / "cache",
+                                    echo=notes.append).as_numpy_iterator())
+    assert len(notes) == 1 and "reads them from their files" in notes[0] and len(from_files) == len(on_disk)
+    # Within the budget, everything stays in RAM: no file.
+    monkeypatch.setattr(feature_cache, "usable_ram_bytes", lambda: 4 * (features + crops))
+    list(build_dataset(config, utterances, training=True, fallback_cache_dir=tmp_path / "unused").as_numpy_iterator())
+    assert not (tmp_path / "unused").exists()

@@ -13,7 +13,8 @@ from myxtts.data.manifest import Utterance, read_manifest
 from myxtts.data.pipeline import build_dataset, build_vocabulary
 from myxtts.models.xtts import network_for
 from myxtts.training.step import TrainingModel
-from myxtts.training.trainer import prepare_text, train
+from myxtts.training.run_folder import prepare_text
+from myxtts.training.trainer import train
 
 
 def _config(corpus, *overrides):
@@ -167,30 +168,34 @@ def test_raw_rows_are_phonemized_once_and_a_run_keeps_its_text_frontend(tmp_path
 
     rows = [Utterance(f"/a/{i}.wav", text, "s") for i, text in enumerate(["Hello, world!", "How are you?", "Fine."])]
     config = load_config()  # phonemes, en-us
-    train_rows, val_rows, vocabulary = prepare_text(config, tmp_path, rows[:2], rows[2:])
-    assert [u.phonemes for u in train_rows + val_rows] == ["h|ə|l|ˈoʊ|, w|ˈɜː|l|d|!", "h|ˈaʊ ɑːɹ j|uː|?", "f|ˈaɪ|n|."]
-    assert vocabulary.symbols == sorted({"h", "ə", "l", "ˈoʊ", ",", " ", "w", "ˈɜː", "d", "!", "ˈaʊ", "ɑːɹ", "j", "uː", "?"})
+    text = prepare_text(config, tmp_path, rows[:2], rows[2:])
+    assert [u.phonemes for u in text.train_rows + text.val_rows] == ["h|ə|l|ˈoʊ|, w|ˈɜː|l|d|!", "h|ˈaʊ ɑːɹ j|uː|?", "f|ˈaɪ|n|."]
+    assert text.vocabulary.symbols == sorted({"h", "ə", "l", "ˈoʊ", ",", " ", "w", "ˈɜː", "d", "!", "ˈaʊ", "ɑːɹ", "j", "uː", "?"})
+    assert list(tmp_path.iterdir()) == []  # nothing written until the trainer knows the folder is this run's
+    text.save(tmp_path)
     assert (tmp_path / "vocab.txt").is_file() and (tmp_path / "phonemes.json").is_file()
     config_lib.save_config(config, tmp_path / "config.yaml")  # as train() does
 
     # Resumed: the cache answers and vocab.txt is read back; espeak-ng is not asked again.
     monkeypatch.setattr(phonemes, "phonemize", lambda *arguments: pytest.fail("phonemized again"))
-    again_train, again_val, again_vocabulary = prepare_text(config, tmp_path, rows[:2], rows[2:])
-    assert (again_train, again_val, again_vocabulary.tokens) == (train_rows, val_rows, vocabulary.tokens)
+    again = prepare_text(config, tmp_path, rows[:2], rows[2:], keep_vocabulary=True)
+    assert (again.train_rows, again.val_rows, again.vocabulary.tokens) == (text.train_rows, text.val_rows, text.vocabulary.tokens)
 
     # vocab.txt holds phonemes: the run cannot go on reading characters, unless it starts over.
     characters = load_config(overrides=["data.text_frontend=characters"])
     with pytest.raises(ValueError, match="data.text_frontend=phonemes.*--reset-training"):
-        prepare_text(characters, tmp_path, rows[:2], rows[2:])
-    _, _, rebuilt = prepare_text(characters, tmp_path, rows[:2], rows[2:], rebuild_vocabulary=True)
+        prepare_text(characters, tmp_path, rows[:2], rows[2:], keep_vocabulary=True)
+    rebuilt = prepare_text(characters, tmp_path, rows[:2], rows[2:]).vocabulary
     assert "h" in rebuilt.symbols and "ˈ" not in rebuilt.symbols
 
 
 def test_end_to_end_resume_optimizer_switch_and_no_recompilation(demo_corpus, tmp_path):
     # One test, because every train() call pays for tracing the step: keep their number small.
-    # Straight: 6 updates. Split: 3 updates, stop, then resume to 6 in the same folder.
+    # Straight: 6 updates. Split: 3 updates, stop, then resume to 6 in the same folder. Under the
+    # default data.deterministic: false, with parallel decoding: the feature cache keeps the order.
+    unordered = ("data.deterministic=false", "data.num_workers=4")
     config = _config(demo_corpus, "training.max_steps=6", "training.eval_interval=3", "training.checkpoint_interval=3",
-                     "training.log_samples=true")
+                     "training.log_samples=true", *unordered)
     straight = train(config, tmp_path / "straight")
     sample_events = (tmp_path / "straight" / "logs" / "samples").glob("events.out.tfevents.*")
     tags = {v.tag for f in sample_events for e in tf.compat.v1.train.summary_iterator(str(f)) for v in e.summary.value}
@@ -209,9 +214,9 @@ def test_end_to_end_resume_optimizer_switch_and_no_recompilation(demo_corpus, tm
         assert list((tmp_path / "straight" / "checkpoints" / kind).glob("ckpt-*.index")), kind
     assert (tmp_path / "straight" / "vocab.txt").exists() and (tmp_path / "straight" / "config.yaml").exists()
 
-    first = train(_config(demo_corpus, "training.max_steps=3", "training.eval_interval=3"), tmp_path / "split")
+    first = train(_config(demo_corpus, "training.max_steps=3", "training.eval_interval=3", *unordered), tmp_path / "split")
     assert first.step == 3
-    resumed = train(_config(demo_corpus, "training.max_steps=6", "training.eval_interval=3"), tmp_path / "split")
+    resumed = train(_config(demo_corpus, "training.max_steps=6", "training.eval_interval=3", *unordered), tmp_path / "split")
     assert resumed.step == 6 and [r["step"] for r in resumed.history] == [4, 5, 6]
     # Same data order and optimizer state after the resume: the same losses and weights. Parallel CPU
     # kernels may sum in another order between runs, hence a tolerance rather than equality.
@@ -346,3 +351,128 @@ def test_out_of_memory_backs_off_to_half_the_batch_with_twice_the_accumulation(d
 
     with pytest.raises(trainer.OutOfMemory, match="data.batch_size 4"):  # a fixed batch is the user's call
         train(_config(demo_corpus, "training.max_steps=1"), tmp_path / "fixed", echo=messages.append)
+
+
+# --- A run folder is never silently overwritten; fine-tuning from another run --------------------
+
+NEW_TOKEN = "ʘ"  # a click: in no demo sentence
+
+
+@pytest.fixture(scope="module")
+def tiny_run(demo_corpus, tmp_path_factory):
+    """A run folder holding one update of the tiny model (its checkpoint, vocab.txt, config.yaml)."""
+    run = tmp_path_factory.mktemp("tiny_run")
+    keras.config.set_dtype_policy("float32")
+    assert train(_config(demo_corpus, "training.max_steps=1", "training.eval_interval=100"), run, echo=lambda m: None).step == 1
+    return run
+
+
+def _manifest_with_a_new_token(corpus, path):
+    """The demo rows, each phoneme string ending in NEW_TOKEN (so the training split surely holds it)."""
+    import json
+
+    lines = [json.dumps({"audio_path": u.audio_path, "text": u.text, "speaker": u.speaker, "duration": u.duration_s,
+                         "phonemes": u.phonemes + NEW_TOKEN, "language": u.language}, ensure_ascii=False)
+             for u in read_manifest(corpus)]
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def _snapshot(folder):
+    import hashlib
+
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "dir"
+            for p in sorted(folder.rglob("*"))}
+
+
+def test_fine_tuning_keeps_the_rows_of_shared_tokens_and_starts_new_ones_fresh(tiny_run, setup):
+    from myxtts.data.text import Vocabulary
+    from myxtts.training.checkpoints import CheckpointMismatch, named_weights, stored_weights
+    from myxtts.training.init_from import extended_vocabulary, initialize_from, load_source
+
+    config, _, batch = setup
+    source = load_source(tiny_run)  # a run folder: its best_mel or latest checkpoint, and its vocab.txt
+    vocabulary = extended_vocabulary(source.vocabulary, Vocabulary([NEW_TOKEN, *source.vocabulary.symbols[:3]]))
+    assert vocabulary.tokens == source.vocabulary.tokens + [NEW_TOKEN]  # old ids unchanged, the new one last
+    model = _model(vocabulary, config, keras.optimizers.AdamW(1e-3), seed=3)
+    model(batch)
+    weights = named_weights(model.network)
+    fresh = {name: keras.ops.convert_to_numpy(variable).copy() for name, variable in weights.items()}
+    report = initialize_from(model.network, source, vocabulary)
+    assert report.new_tokens == [NEW_TOKEN] and report.weights == len(weights)
+    assert report.kept_tokens == len(source.vocabulary) and report.mapped  # the token embedding at least
+    assert repr(NEW_TOKEN) in report.message()
+
+    reader, keys = stored_weights(source.checkpoint)
+    old, new = len(source.vocabulary), len(vocabulary)
+    for name, variable in weights.items():
+        stored, loaded = reader.get_tensor(keys[name]), keras.ops.convert_to_numpy(variable)
+        if name not in report.mapped:
+            np.testing.assert_array_equal(loaded, stored, err_msg=name)
+            continue
+        axis = next(a for a in range(loaded.ndim) if stored.shape[a] == old and loaded.shape[a] == new)
+        np.testing.assert_array_equal(np.take(loaded, range(old), axis), stored, err_msg=name)  # shared rows: the run's
+        np.testing.assert_array_equal(np.take(loaded, [old], axis), np.take(fresh[name], [old], axis), err_msg=name)  # new: as initialized
+
+    # Another model size is refused, naming weights, not loaded in part.
+    small = network_for(load_config(overrides=["model.size=small"]), len(vocabulary))
+    small.build()
+    with pytest.raises(CheckpointMismatch, match=r"another model size.*model\.size.*'size': 'tiny'"):
+        initialize_from(small, source, vocabulary)
+
+
+def test_a_run_folder_that_does_not_fit_is_left_untouched_and_reset_with_init_from_starts_over(tiny_run, demo_corpus,
+                                                                                                 tmp_path):
+    import shutil
+
+    from myxtts.training.checkpoints import CheckpointError
+
+    run = tmp_path / "run"
+    shutil.copytree(tiny_run, run)
+    before = _snapshot(run)
+    messages = []
+
+    def refused(error, *overrides, resume="auto", corpus=demo_corpus):
+        with pytest.raises(error) as caught:
+            train(_config(corpus, "training.max_steps=2", *overrides), run, resume=resume, echo=messages.append)
+        assert _snapshot(run) == before  # no config.yaml, vocab.txt, phonemes cache or checkpoint written or deleted
+        return str(caught.value)
+
+    # Another model size: a mismatch that names what differs and the ways out, auto or --resume alike.
+    for resume in ("auto", "require"):
+        message = refused(CheckpointError, "model.size=small", resume=resume)
+        assert "does not hold this network's weights" in message and "model.size: 'tiny' then, 'small' now" in message
+        assert all(way in message for way in (f"--config {run}/config.yaml", "--output-dir", "--reset-training",
+                                              "Nothing in it was written or deleted")), message
+    # A checkpoint without its meta file is not "no checkpoint".
+    meta = next((run / "checkpoints" / "latest").glob("ckpt-*.meta.json"))
+    hidden = meta.rename(tmp_path / meta.name)
+    before = _snapshot(run)
+    assert "meta.json is missing" in refused(CheckpointError)
+    hidden.rename(meta)
+    before = _snapshot(run)
+    # New tokens in the data of a resumed run: named, not read as <unk>.
+    extended = _manifest_with_a_new_token(demo_corpus, tmp_path / "manifest.jsonl")
+    message = refused(ValueError, corpus=extended)
+    assert f"'{NEW_TOKEN}'" in message and "--init-from" in message and "<unk>" in message
+
+    # --reset-training starts over: checkpoints, vocab.txt and the phonemes cache go; with
+    # training.init_from the new run starts from the other run's weights, the new token added.
+    (run / "phonemes.json").write_text("{}", encoding="utf-8")
+    messages.clear()
+    result = train(_config(extended, "training.max_steps=1", "training.eval_interval=100", "training.learning_rate=1e-9",
+                           f"training.init_from={tiny_run}"), run, resume="reset", echo=messages.append)
+    assert result.step == 1  # from step 0, not from the old run's 1
+    for removed in ("checkpoints", "vocab.txt", "phonemes.json"):
+        assert f"--reset-training: removed {run / removed}" in messages, messages
+    assert not (run / "phonemes.json").exists()  # the rows carry phonemes: no cache was needed again
+    old_tokens = (tiny_run / "vocab.txt").read_text(encoding="utf-8")
+    assert (run / "vocab.txt").read_text(encoding="utf-8") == old_tokens + NEW_TOKEN + "\n"
+    assert any(m.startswith(f"initialized from {tiny_run}") and f"'{NEW_TOKEN}'" in m and "step 0" in m for m in messages), messages
+    fine_tuned, base = _checkpoint_tensors(run), _checkpoint_tensors(tiny_run)
+    assert int(fine_tuned["optimizer/iteration"]) == 1  # a new optimizer: one update of its own
+    for name, value in base.items():
+        if name.startswith("network/"):
+            tuned = fine_tuned[name]
+            shared = tuple(slice(0, n) for n in value.shape)  # the old rows of a mapped weight, all of any other
+            np.testing.assert_allclose(tuned[shared], value, atol=1e-7, err_msg=name)  # learning rate 1e-9

@@ -7,7 +7,7 @@
 Three measurements on the same corpus, batch size and config:
 
 * native, on the fly: `myxtts.data.pipeline.build_dataset` with `data.cache_features: false`;
-* baseline, on the fly: the same rows, shuffling, length filter, bucketing and padding, but the
+* baseline, on the fly: the same rows, order, length filter, references, bucketing and padding, but the
   features come from `tf.numpy_function` calls into librosa (`librosa.load` + `melspectrogram`
   with the same STFT/mel settings and log floor, for the clip and for its 3 s reference clip) and
   the text is tokenised in Python with the same vocabulary, i.e. the same batches computed the
@@ -284,9 +284,10 @@ def summarize(epochs: list[dict]) -> dict:
 def baseline_dataset(config, utterances, vocabulary):
     """The usual way: Python (librosa) per clip inside `tf.numpy_function`, TensorFlow around it.
 
-    Everything that is not feature computation (row order, shuffling, the length filter,
-    bucketing, padding, threading options, prefetch) is the native pipeline's own code, so the two
-    sides differ only in how a clip becomes features and tokens.
+    Everything that is not feature computation (row order, shuffling, the length filter, the
+    reference draw, bucketing, padding, threading options, prefetch) is the native pipeline's own
+    code (`pipeline.Epochs`), so the two sides differ only in how a clip becomes features and tokens.
+    Meant for `data.cache_features: false`, the on-the-fly measurement.
     """
     try:
         import librosa
@@ -296,7 +297,7 @@ def baseline_dataset(config, utterances, vocabulary):
     import tensorflow as tf
 
     from myxtts.data import pipeline
-    from myxtts.data.phonemes import model_texts, phonemize_utterances
+    from myxtts.data.phonemes import phonemize_utterances
     from myxtts.data.text import TEXT_REPLACEMENTS
 
     c = config.data
@@ -335,7 +336,7 @@ def baseline_dataset(config, utterances, vocabulary):
             model_text = model_text.strip()
         return load(path), np.asarray(vocabulary.encode(model_text, c.text_frontend), np.int32)
 
-    def features(samples: np.ndarray, reference_path: bytes):
+    def reference_features(reference_path: bytes):
         # As a librosa user would: load the whole file, keep the middle, normalise that (the
         # pipeline normalises the reference crop itself too, and decodes only those bytes).
         reference, _ = librosa.load(reference_path.decode("utf-8"), sr=c.sample_rate)
@@ -345,36 +346,34 @@ def baseline_dataset(config, utterances, vocabulary):
         frames = reference_mel.shape[0]
         padded = np.full((c.reference_frames, c.n_mels), math.log(c.log_floor), np.float32)
         padded[:frames] = reference_mel
-        return log_mel(samples), padded, np.int32(frames)
+        return padded, np.int32(frames)
 
     def decode_row(row):
         samples, tokens = tf.numpy_function(decode, [row["audio_path"], row["text"]], [tf.float32, tf.int32])
-        return {"samples": tf.ensure_shape(samples, [None]), "tokens": tf.ensure_shape(tokens, [None]),
-                "reference_path": row["reference_path"]}
+        return {"samples": tf.ensure_shape(samples, [None]), "tokens": tf.ensure_shape(tokens, [None]), "clip": row["clip"]}
 
     def feature_row(example):
-        mel, reference_mel, reference_length = tf.numpy_function(
-            features, [example["samples"], example["reference_path"]], [tf.float32, tf.float32, tf.int32])
-        mel = tf.ensure_shape(mel, [None, c.n_mels])
+        mel = tf.ensure_shape(tf.numpy_function(log_mel, [example["samples"]], tf.float32), [None, c.n_mels])
         return {"mel": mel, "mel_length": tf.shape(mel)[0], "tokens": example["tokens"],
-                "text_length": tf.shape(example["tokens"])[0],
-                "reference_mel": tf.ensure_shape(reference_mel, [c.reference_frames, c.n_mels]),
-                "reference_length": tf.ensure_shape(reference_length, [])}
+                "text_length": tf.shape(example["tokens"])[0], "clip": example["clip"]}
 
-    ds = tf.data.Dataset.from_tensor_slices({
-        "audio_path": [u.audio_path for u in utterances],
-        "reference_path": pipeline.assign_references(utterances, config.seed),
-        "text": model_texts(utterances, c.text_frontend),
-    })
-    ds = ds.shuffle(len(utterances), seed=config.seed, reshuffle_each_iteration=True)
-    ds = ds.map(decode_row, num_parallel_calls=parallel_calls)
-    # The native pipeline's own filter, bucketing and options, so that only the feature
-    # computation differs between the two sides.
-    ds = ds.filter(lambda example: pipeline.within_limits(example, c))
-    ds = ds.map(feature_row, num_parallel_calls=parallel_calls)
-    ds = pipeline.batch_by_bucket(ds, c, c.batch_size or pipeline.DEFAULT_BATCH_SIZE, drop_remainder=True)
-    ds = ds.with_options(pipeline.dataset_options(c, training=True))
-    return ds.prefetch(tf.data.AUTOTUNE)
+    class LibrosaEpochs(pipeline.Epochs):
+        """The native pipeline's order, length filter, reference draw, bucketing, padding, options
+        and prefetch, around librosa features."""
+
+        def _features(self, rows):
+            ds = rows.map(decode_row, num_parallel_calls=parallel_calls, deterministic=self.ordered)
+            ds = ds.filter(lambda example: pipeline.within_limits(example, c))
+            return ds.map(feature_row, num_parallel_calls=parallel_calls, deterministic=self.ordered)
+
+        def _with_reference(self, example, key):
+            path = self.references.reference_path(example["clip"], key)
+            reference_mel, reference_length = tf.numpy_function(reference_features, [path], [tf.float32, tf.int32])
+            features = {k: v for k, v in example.items() if k != "clip"}
+            return {**features, "reference_mel": tf.ensure_shape(reference_mel, [c.reference_frames, c.n_mels]),
+                    "reference_length": tf.ensure_shape(reference_length, [])}
+
+    return LibrosaEpochs(config, utterances, training=True, vocabulary=vocabulary).one_pass()
 
 
 # --------------------------------------------------------------------------------------------------

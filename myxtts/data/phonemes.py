@@ -166,19 +166,22 @@ def phonemize_utterances(
     *,
     cache_path: str | os.PathLike | None = None,
     progress: bool = False,
+    write_cache: bool = True,
 ) -> list[Utterance]:
     """`utterances` with `phonemes` filled in (see `needs_phonemes`) for `language`.
 
     Each distinct transcript is phonemized once. With `cache_path`, transcripts phonemized before
     (same language, espeak-ng and front-end version) are read from that JSON file instead, and new
-    ones are added to it, so a resumed run does not phonemize its corpus again. Raises ValueError
+    ones are added to it (unless `write_cache` is false: the trainer writes the cache only once it knows
+    the run folder is its own, see `save_phonemes_cache`), so a resumed run does not phonemize its corpus
+    again. Raises ValueError
     naming the audio file when a transcript gives no phonemes at all.
     """
     missing = [u for u in utterances if needs_phonemes(u, language)]
     if not missing:
         return list(utterances)
     check_language(language)
-    stamp = {"frontend_version": FRONTEND_VERSION, "espeak_version": library().version, "language": language}
+    stamp = _stamp(language)
     cached = _read_cache(cache_path, stamp)
     texts = sorted({u.text for u in missing} - set(cached))
     line = ProgressLine(f"phonemizing ({language})", len(texts), "texts", enabled=progress)
@@ -186,7 +189,7 @@ def phonemize_utterances(
         cached[text] = phonemize(text, language)
         line.update(done)
     line.close()
-    if texts and cache_path is not None:
+    if texts and cache_path is not None and write_cache:
         _write_cache(cache_path, stamp, cached)
     result = []
     for utterance in utterances:
@@ -201,6 +204,20 @@ def phonemize_utterances(
             utterance = dataclasses.replace(utterance, phonemes=phonemes, language=language)
         result.append(utterance)
     return result
+
+
+def read_phonemes_cache(cache_path: str | os.PathLike, language: str) -> dict[str, str]:
+    """{transcript: phonemes} a cache file holds for `language` and this espeak-ng ({} if none applies)."""
+    return _read_cache(cache_path, _stamp(language))
+
+
+def save_phonemes_cache(cache_path: str | os.PathLike, language: str, phonemes: dict[str, str]) -> None:
+    """Write {transcript: phonemes} of `language` as the cache `phonemize_utterances` reads."""
+    _write_cache(cache_path, _stamp(language), phonemes)
+
+
+def _stamp(language: str) -> dict:
+    return {"frontend_version": FRONTEND_VERSION, "espeak_version": library().version, "language": language}
 
 
 def _read_cache(cache_path, stamp: dict) -> dict[str, str]:

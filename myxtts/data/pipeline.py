@@ -1,8 +1,9 @@
 """From a manifest to padded, bucketed, prefetched batches, built only from TensorFlow ops.
 
     paths + model texts -> read_file -> decode_wav -> resample (if the file's rate differs)
-      -> peak-normalise -> tokenise -> length filter -> log-mel (+ reference clip of the same voice)
-      -> cache -> shuffle -> bucket by length, pad to the bucket's size -> prefetch (to the GPU)
+      -> peak-normalise -> tokenise -> length filter -> log-mel -> cache
+      -> shuffle (every epoch) -> reference clip of the same voice (drawn every epoch)
+      -> bucket by length, pad to the bucket's size -> prefetch (to the GPU)
 
 Nothing in the hot path calls back into Python (tests/test_pipeline.py scans the dataset graph for
 PyFunc ops), so the input pipeline scales with cores instead of queueing on the GIL. Batches are
@@ -10,6 +11,28 @@ padded to bucket boundaries, not to the longest clip in the batch, so a compiled
 one shape per bucket. The model texts are the rows' phonemes (`data.text_frontend: phonemes`, made
 in Python before the graph: by dataset preparation, the demo corpus or `phonemize_utterances`) or
 their transcripts; the graph only splits them into characters and looks those up.
+
+Order, every epoch (`Epochs`), so that a manifest sorted by speaker still gives mixed batches:
+
+* features cached in RAM (`data.cache_features`, the default levels): the rows are put in a random
+  order once, and every epoch shuffles all cached clips (the shuffle buffer holds the cached
+  tensors themselves, not copies, so a full shuffle costs no memory; the first batch waits until
+  every clip's features are computed);
+* features cached in a file (too big for RAM, `feature_cache.py`): the same random order drawn once,
+  then a shuffle within `data.shuffle_buffer_size` clips each epoch (the window lives in RAM);
+* no cache: the file list is permuted every epoch before decoding.
+
+Each epoch has a key, drawn from the seed and the epoch number, that seeds its shuffle and the
+draw of every clip's voice reference (`references.py`). With a cache, every clip's reference crop
+is computed once, before the first epoch, and kept in RAM, so an epoch gathers references instead
+of decoding them (they are decoded from their files every epoch only without a cache, or when the
+crops do not fit in RAM either, `feature_cache.py`).
+
+With a cache, the clips reach the cache and the references reach the batches in a fixed order
+(only the first epoch's decoding waits for its slowest clip), so the batches are a function of the
+seed and the epoch number: a resumed run (`Epochs.stream(start_batch)`) continues exactly where an
+uninterrupted one would be. Without a cache, `data.deterministic: false` lets fast clips overtake
+slow ones every epoch.
 
 A batch is a dict:
     mel              float32 [batch, frames, n_mels]   log-mel, padded with log(data.log_floor)
@@ -24,49 +47,24 @@ A batch is a dict:
 
 from __future__ import annotations
 
-import hashlib
-import json
+import dataclasses
 import math
 import os
 import random
-from collections import defaultdict
-from pathlib import Path
-
 import tensorflow as tf
 
 from myxtts.config import Config, DataConfig
 from myxtts.data import audio
+from myxtts.data.feature_cache import plan_cache
 from myxtts.data.manifest import Utterance, read_manifest
 from myxtts.data.phonemes import model_texts, phonemize_utterances
+from myxtts.data.references import CropTable, ReferenceTable, assign_references  # noqa: F401 (assign_references: public here too)
 from myxtts.data.text import PAD_ID, Vocabulary, tokenize
 from myxtts.hardware.host import usable_cores, usable_ram_bytes
 
 # Used when `data.batch_size` / `data.num_workers` are 0 ("automatic") and no hardware plan has
 # resolved them yet (the trainer writes the plan's values into the config before building datasets).
 DEFAULT_BATCH_SIZE = 16
-
-
-def assign_references(utterances: list[Utterance], seed: int) -> list[str]:
-    """For each utterance, the audio path of another utterance by the same speaker (itself if alone).
-
-    Chosen once, deterministically from the seed; this is cheap Python over a list of paths, done
-    before the graph is built, not per batch.
-    """
-    by_speaker: dict[str, list[int]] = defaultdict(list)
-    for index, utterance in enumerate(utterances):
-        by_speaker[utterance.speaker].append(index)
-    rng = random.Random(seed)
-    references = []
-    position = {index: pos for group in by_speaker.values() for pos, index in enumerate(group)}
-    for index, utterance in enumerate(utterances):
-        group = by_speaker[utterance.speaker]
-        if len(group) == 1:
-            references.append(utterance.audio_path)
-            continue
-        pick = rng.randrange(len(group) - 1)  # any other member of the group, uniformly
-        other = group[pick if pick < position[index] else pick + 1]
-        references.append(utterances[other].audio_path)
-    return references
 
 
 def build_dataset(
@@ -76,8 +74,11 @@ def build_dataset(
     *,
     vocabulary: Vocabulary | None = None,
     gpu_copy: bool = True,
+    fallback_cache_dir: str | os.PathLike | None = None,
+    echo=None,
 ) -> tf.data.Dataset:
-    """Batches for training (shuffled, fixed batch size) or evaluation (in order, last batch kept).
+    """One pass of batches: for training shuffled, fixed batch size, each iteration a new epoch
+    (another order, other references); for evaluation in order, last batch kept, the same each time.
 
     `manifest` is an LJSpeech folder or metadata.csv, a JSONL manifest, or a list of `Utterance`.
     `vocabulary` defaults to one built from these rows' model texts; pass the training vocabulary
@@ -85,41 +86,155 @@ def build_dataset(
     `data.language` are phonemized here first, in Python (the trainer does it before, with a cache).
     `gpu_copy=False` leaves out the copy to the GPU (`data.prefetch_to_gpu`),
     for a caller that adds stages of its own and then `to_device(dataset, config.data)` last.
+    `fallback_cache_dir`: where cached features go when they do not fit in RAM and data.cache_dir is
+    empty (without it, that is an error naming the keys to set); see `feature_cache.py`.
     """
-    c = config.data
-    utterances = read_manifest(manifest) if isinstance(manifest, (str, os.PathLike)) else list(manifest)
-    if not utterances:
-        raise ValueError(f"no utterances in {manifest if isinstance(manifest, (str, os.PathLike)) else 'the given list'}")
-    if c.text_frontend == "phonemes":
-        utterances = phonemize_utterances(utterances, c.language, progress=True)
-    texts = model_texts(utterances, c.text_frontend)
-    vocabulary = vocabulary or Vocabulary.from_texts(texts, frontend=c.text_frontend)
-    batch_size = c.batch_size or DEFAULT_BATCH_SIZE
-    parallel_calls = c.num_workers or tf.data.AUTOTUNE
+    epochs = Epochs(config, manifest, training, vocabulary=vocabulary, fallback_cache_dir=fallback_cache_dir, echo=echo)
+    ds = epochs.one_pass()
+    return to_device(ds, config.data) if gpu_copy else ds
 
-    ds = tf.data.Dataset.from_tensor_slices(
-        {
-            "audio_path": [u.audio_path for u in utterances],
-            "reference_path": assign_references(utterances, config.seed),
-            "text": texts,
+
+class Epochs:
+    """The batches of a manifest, epoch after epoch, in an order set by the seed (module docstring)."""
+
+    def __init__(self, config: Config, manifest: str | os.PathLike | list[Utterance], training: bool, *,
+                 vocabulary: Vocabulary | None = None, fallback_cache_dir: str | os.PathLike | None = None, echo=None):
+        c = self.data = config.data
+        self.seed, self.training = config.seed, training
+        utterances = read_manifest(manifest) if isinstance(manifest, (str, os.PathLike)) else list(manifest)
+        if not utterances:
+            raise ValueError(f"no utterances in {manifest if isinstance(manifest, (str, os.PathLike)) else 'the given list'}")
+        if c.text_frontend == "phonemes":
+            utterances = phonemize_utterances(utterances, c.language, progress=True)
+        cached = bool(c.cache_features)
+        if training and cached:
+            # The order the cache keeps: random, so that neither a file cache's window shuffle nor
+            # anything else ever sees the manifest's own order (sorted by speaker, say).
+            random.Random(self.seed).shuffle(utterances)
+        texts = model_texts(utterances, c.text_frontend)
+        self.vocabulary = vocabulary or Vocabulary.from_texts(texts, frontend=c.text_frontend)
+        self.utterances, self.texts = utterances, texts
+        self.batch_size = c.batch_size or DEFAULT_BATCH_SIZE
+        self.references = ReferenceTable(utterances)
+        # Order-preserving stages cost throughput only where clips take unequal time every epoch: the
+        # uncached decoding. With a cache, decoding runs once and the reference is a fixed 3 s.
+        self.ordered = c.deterministic or not training or cached
+        self.cache = None
+        self._cached_features = None
+        self._crops = None  # references.CropTable, built on the first one_pass/stream when the plan keeps crops in RAM
+        if cached:
+            self.cache = plan_cache(c, utterances, texts, self.vocabulary.tokens, seed=self.seed, training=training,
+                                    fallback_dir=fallback_cache_dir)
+            if self.cache.note and echo is not None:
+                echo(self.cache.note)
+            self._cached_features = self._features(self._rows()).cache(self.cache.path)
+
+    def one_pass(self) -> tf.data.Dataset:
+        """One epoch; for training, every iteration of the returned dataset is a new epoch."""
+        self._build_crop_table()
+        if self.training:
+            keys = tf.data.Dataset.random(seed=self.seed, rerandomize_each_iteration=True).take(1)
+        else:
+            keys = tf.data.Dataset.from_tensors(tf.constant(self.seed, tf.int64))  # the same references each time
+        return self._finish(keys.flat_map(self.epoch))
+
+    def stream(self, start_batch: int = 0) -> tf.data.Dataset:
+        """Training batches without end, from batch `start_batch` of the stream (0 = the start).
+
+        Epoch e is the same at any start, so a resumed run continues where it stopped: the epochs
+        before are not replayed, only the batches of the current one before `start_batch`.
+        """
+        self._build_crop_table()
+        first_epoch, skip = divmod(start_batch, self.batches_per_epoch()) if start_batch else (0, 0)
+        epochs = tf.data.Dataset.range(first_epoch, tf.int64.max).map(self.epoch_key)
+        return self._finish(epochs.flat_map(self.epoch).skip(skip))
+
+    def epoch_key(self, epoch) -> tf.Tensor:
+        """The int64 key of epoch number `epoch`: seeds its shuffle and its references."""
+        seed = tf.stack([tf.constant(self.seed, tf.int64), tf.cast(epoch, tf.int64)])
+        return tf.random.stateless_uniform([], seed=seed, minval=0, maxval=tf.int64.max, dtype=tf.int64)
+
+    def batches_per_epoch(self) -> int:
+        """Full batches in one epoch (each bucket's last partial batch is dropped). Counting decodes
+        every clip once (with a cache, that pass fills it)."""
+        c = self.data
+        features = self._cached_features if self._cached_features is not None else self._features(self._rows())
+        buckets = len(c.bucket_mel_lengths) if c.bucketing else 1
+        per_bucket = features.map(
+            lambda ex: tf.one_hot(bucket_index(ex["mel_length"], ex["text_length"], c) if c.bucketing else 0, buckets,
+                                  dtype=tf.int64),
+            num_parallel_calls=tf.data.AUTOTUNE,
+        ).reduce(tf.zeros([buckets], tf.int64), lambda total, one: total + one)
+        count = int(tf.reduce_sum(per_bucket // self.batch_size))
+        if count == 0:
+            raise ValueError(f"the {len(self.utterances)} training clips do not fill one batch of {self.batch_size}")
+        return count
+
+    def epoch(self, key) -> tf.data.Dataset:
+        """The batches of the epoch whose int64 key is `key` (a scalar tensor)."""
+        c = self.data
+        if self._cached_features is not None:
+            ds = self._cached_features
+            if self.training:
+                everything = len(self.utterances) + 1  # more than every clip: reads to the end, which completes the cache
+                window = everything if self.cache.in_ram or not c.shuffle_buffer_size else c.shuffle_buffer_size
+                ds = ds.shuffle(window, seed=key)
+        else:
+            order = tf.random.experimental.stateless_shuffle(tf.range(len(self.utterances), dtype=tf.int64),
+                                                             seed=tf.stack([key, tf.constant(self.seed, tf.int64)]))
+            ds = self._features(self._rows(order if self.training else None))
+        ds = ds.map(lambda ex: self._with_reference(ex, key), num_parallel_calls=self._parallel_calls,
+                    deterministic=self.ordered)
+        return batch_by_bucket(ds, c, self.batch_size, drop_remainder=self.training)
+
+    @property
+    def _parallel_calls(self):
+        return self.data.num_workers or tf.data.AUTOTUNE
+
+    def _rows(self, order=None) -> tf.data.Dataset:
+        rows = {
+            "audio_path": tf.constant([u.audio_path for u in self.utterances]),
+            "text": tf.constant(self.texts),
+            "clip": tf.range(len(self.utterances), dtype=tf.int64),
         }
-    )
-    cache = bool(c.cache_features)
-    if training and not cache:
-        # Without a cache every epoch recomputes features anyway, so shuffle the cheap file list.
-        ds = ds.shuffle(len(utterances), seed=config.seed, reshuffle_each_iteration=True)
+        if order is not None:
+            rows = {key: tf.gather(value, order) for key, value in rows.items()}
+        return tf.data.Dataset.from_tensor_slices(rows)
 
-    table = vocabulary.lookup_table()
-    ds = ds.map(lambda row: _decode(row, c, table), num_parallel_calls=parallel_calls)
-    ds = ds.filter(lambda ex: within_limits(ex, c))
-    ds = ds.map(lambda ex: _features(ex, c), num_parallel_calls=parallel_calls)
-    if cache:
-        ds = ds.cache(_cache_path(c, utterances, texts, vocabulary, training))
-        if training:
-            ds = ds.shuffle(min(c.shuffle_buffer_size or len(utterances), len(utterances)), seed=config.seed)
-    ds = batch_by_bucket(ds, c, batch_size, drop_remainder=training)
-    ds = ds.with_options(dataset_options(c, training)).prefetch(c.prefetch_buffer_size or tf.data.AUTOTUNE)
-    return to_device(ds, c) if gpu_copy else ds
+    def _features(self, rows: tf.data.Dataset) -> tf.data.Dataset:
+        c, table = self.data, self.vocabulary.lookup_table()
+        ds = rows.map(lambda row: _decode(row, c, table), num_parallel_calls=self._parallel_calls, deterministic=self.ordered)
+        ds = ds.filter(lambda ex: within_limits(ex, c))
+        return ds.map(lambda ex: _features(ex, c), num_parallel_calls=self._parallel_calls, deterministic=self.ordered)
+
+    def _build_crop_table(self) -> None:
+        if self._crops is None and self.cache is not None and self.cache.crops_in_ram:
+            c = self.data
+            self._crops = CropTable([u.audio_path for u in self.utterances], lambda path: reference_log_mel(path, c),
+                                    c.reference_frames, c.n_mels, self._parallel_calls)
+
+    def _with_reference(self, example, key) -> dict:
+        if self._crops is not None:  # gathered from RAM
+            reference, reference_length = self._crops.gather(self.references.reference_clip(example["clip"], key))
+        else:  # decoded from its file
+            reference, reference_length = reference_log_mel(self.references.reference_path(example["clip"], key), self.data)
+        features = {k: v for k, v in example.items() if k != "clip"}
+        return {**features, "reference_mel": reference, "reference_length": reference_length}
+
+    def _finish(self, ds: tf.data.Dataset) -> tf.data.Dataset:
+        c = self.data
+        ds = ds.with_options(dataset_options(c, self.training, ordered=self.ordered))
+        return ds.prefetch(c.prefetch_buffer_size or tf.data.AUTOTUNE)
+
+
+def first_batch(config: Config, rows: list[Utterance], vocabulary: Vocabulary) -> dict | None:
+    """A training-shaped batch of the first clips, to build a model's variables from; None when the
+    clips fill no batch. Decodes only what one batch needs: no cache, no shuffle."""
+    c = dataclasses.replace(config.data, cache_features=False)
+    epochs = Epochs(dataclasses.replace(config, data=c), rows, training=False, vocabulary=vocabulary)
+    ds = epochs._features(epochs._rows())
+    ds = ds.map(lambda ex: epochs._with_reference(ex, tf.constant(config.seed, tf.int64)))
+    return next(iter(batch_by_bucket(ds, c, epochs.batch_size, drop_remainder=True).take(1)), None)
 
 
 def build_vocabulary(utterances: list[Utterance], c: DataConfig) -> Vocabulary:
@@ -138,7 +253,7 @@ def _decode(row, c: DataConfig, table) -> dict:
     return {
         "samples": audio.peak_normalize(samples, c.peak_normalize),
         "tokens": tokens,
-        "reference_path": row["reference_path"],
+        "clip": row["clip"],
     }
 
 
@@ -157,7 +272,7 @@ def within_limits(example, c: DataConfig) -> tf.Tensor:
 
 
 def _features(example, c: DataConfig) -> dict:
-    reference, reference_length = reference_log_mel(example["reference_path"], c)
+    """A decoded clip's cached features (the reference is added after the cache, every epoch)."""
     if c.mel_on_device:
         # The waveform travels instead; the compiled step turns it into the same log-mel.
         signal = {"audio": example["samples"], "mel_length": 1 + tf.shape(example["samples"])[0] // c.hop_length}
@@ -168,8 +283,7 @@ def _features(example, c: DataConfig) -> dict:
         **signal,
         "tokens": example["tokens"],
         "text_length": tf.shape(example["tokens"])[0],
-        "reference_mel": reference,
-        "reference_length": reference_length,
+        "clip": example["clip"],
     }
 
 
@@ -251,29 +365,12 @@ def batch_by_bucket(ds: tf.data.Dataset, c: DataConfig, batch_size: int, drop_re
     )
 
 
-def _cache_path(c: DataConfig, utterances, texts, vocabulary: Vocabulary, training: bool) -> str:
-    """In memory when `data.cache_dir` is empty; else a file named after everything that shapes the
-    features, so changing the corpus or a feature setting never reads a stale cache."""
-    if not c.cache_dir:
-        return ""
-    feature_keys = {
-        k: v
-        for k, v in vars(c).items()
-        if k not in {"batch_size", "num_workers", "prefetch_buffer_size", "prefetch_to_gpu", "cache_dir", "bucketing",
-                     "shuffle_buffer_size", "deterministic", "train_data", "val_data", "val_fraction"}
-    }
-    key = json.dumps([feature_keys, [(u.audio_path, text, u.speaker) for u, text in zip(utterances, texts)], vocabulary.tokens])
-    digest = hashlib.sha256(key.encode("utf-8")).hexdigest()[:16]
-    Path(c.cache_dir).mkdir(parents=True, exist_ok=True)
-    return str(Path(c.cache_dir) / f"{'train' if training else 'eval'}-{digest}")
-
-
-def dataset_options(c: DataConfig, training: bool) -> tf.data.Options:
-    """Threading and autotuning sized to the cores and memory this process may use."""
+def dataset_options(c: DataConfig, training: bool, ordered: bool | None = None) -> tf.data.Options:
+    """Threading and autotuning sized to the cores and memory this process may use. `ordered`: keep
+    the order (default: for evaluation and with data.deterministic; `Epochs` decides for its own)."""
     cores = usable_cores()
     options = tf.data.Options()
-    # Order only matters for evaluation and reproducibility tests; elsewhere let fast clips overtake.
-    options.deterministic = c.deterministic or not training
+    options.deterministic = (c.deterministic or not training) if ordered is None else ordered
     options.autotune.enabled = True
     options.autotune.cpu_budget = cores
     options.autotune.ram_budget = usable_ram_bytes() // 2

@@ -29,6 +29,15 @@ class CheckpointError(RuntimeError):
     pass
 
 
+class CheckpointMismatch(CheckpointError):
+    """A checkpoint whose network weights do not fit the network built now (another model size,
+    vocabulary or architecture). `differences` lists them, one human-readable line each."""
+
+    def __init__(self, message: str, differences: list[str]):
+        super().__init__(message)
+        self.differences = differences
+
+
 @dataclass
 class Restored:
     path: str
@@ -75,6 +84,7 @@ class Checkpoints:
         if path is None:
             raise CheckpointError(f"no checkpoint in {self.root / 'latest'}")
         meta = read_meta(path)
+        check_network_fits(self.network, path)
         if meta["optimizer"] == self.optimizer_type:
             _restore(self._full, path, strict, "does not match this run's network and optimizer (another model size, "
                      "or written by an older MyXTTS; --reset-training starts over)")
@@ -98,9 +108,48 @@ class Checkpoints:
 
 def network_variables(network) -> tf.train.Checkpoint:
     """The network's weights by name, as a trackable object to save or restore (see the docstring)."""
+    return tf.train.Checkpoint(**named_weights(network))
+
+
+def named_weights(network) -> dict:
+    """{name a checkpoint stores it under: variable} for every weight of `network`."""
     if not network.built:
         raise CheckpointError("build the network before saving or restoring it")
-    return _by_name(network.weights, _path_prefix(network))
+    return _names(network.weights, _path_prefix(network))
+
+
+def stored_weights(path: str) -> tuple[tf.train.CheckpointReader, dict[str, str]]:
+    """The reader of checkpoint `path` and {weight name: its key in the reader} for its network weights."""
+    reader = tf.train.load_checkpoint(path)
+    prefix, suffix = "network/", "/.ATTRIBUTES/VARIABLE_VALUE"
+    keys = {_unescape(key[len(prefix) : -len(suffix)]): key for key in reader.get_variable_to_shape_map()
+            if key.startswith(prefix) and key.endswith(suffix)}
+    return reader, keys
+
+
+def weight_differences(network, path: str) -> list[str]:
+    """How the network weights stored in `path` differ from `network`'s, one line each: a name only
+    one side has, or a shape that differs. Empty when every weight fits."""
+    reader, keys = stored_weights(path)
+    shapes = reader.get_variable_to_shape_map()
+    differences, weights = [], named_weights(network)
+    for name, variable in weights.items():
+        if name not in keys:
+            differences.append(f"{name}: not in the checkpoint")
+        elif list(shapes[keys[name]]) != list(variable.shape):
+            differences.append(f"{name}: {list(shapes[keys[name]])} in the checkpoint, {list(variable.shape)} now")
+    differences += [f"{name}: only in the checkpoint" for name in sorted(set(keys) - set(weights))]
+    return differences
+
+
+def check_network_fits(network, path: str) -> None:
+    """Raises `CheckpointMismatch` naming the first differences when `path` does not fit `network`."""
+    differences = weight_differences(network, path)
+    if differences:
+        shown = "; ".join(differences[:4]) + (f"; and {len(differences) - 4} more" if len(differences) > 4 else "")
+        raise CheckpointMismatch(
+            f"{path} does not hold this network's weights (another model size, vocabulary or architecture): "
+            f"{len(differences)} of them differ: {shown}", differences)
 
 
 def _path_prefix(network) -> str:
@@ -112,6 +161,7 @@ def _path_prefix(network) -> str:
 
 def restore_network(network, path: str) -> None:
     """Loads the weights of checkpoint `path` into `network`; every weight must be found there."""
+    check_network_fits(network, path)
     _restore(tf.train.Checkpoint(network=network_variables(network)), path, True,
              "does not hold this network's weights (another model size or vocabulary, or written by an older MyXTTS)")
 
@@ -128,8 +178,13 @@ def _restore(checkpoint: tf.train.Checkpoint, path: str, strict: bool, mismatch:
 
 
 def _by_name(variables, prefix: str, optimizer_variables: bool = False) -> tf.train.Checkpoint:
-    """A trackable holding `variables` under their paths without `prefix`. An optimizer's variables
-    are named "<optimizer>/<weight path with _ for />_<slot>", so the optimizer's own name goes first."""
+    """A trackable holding `variables` under their paths without `prefix`."""
+    return tf.train.Checkpoint(**_names(variables, prefix, optimizer_variables))
+
+
+def _names(variables, prefix: str, optimizer_variables: bool = False) -> dict:
+    """{path without `prefix`: variable}. An optimizer's variables are named "<optimizer>/<weight
+    path with _ for />_<slot>", so the optimizer's own name goes first."""
     named = {}
     for variable in variables:
         name = variable.path.split("/", 1)[-1] if optimizer_variables else variable.path
@@ -137,7 +192,20 @@ def _by_name(variables, prefix: str, optimizer_variables: bool = False) -> tf.tr
         if name in named:
             raise CheckpointError(f"two variables named {name!r}; checkpoints need unique names")
         named[name] = variable
-    return tf.train.Checkpoint(**named)
+    return named
+
+
+def _unescape(local_name: str) -> str:
+    """A weight name from its checkpoint key, where TensorFlow writes "/" as ".S" and "." as ".."."""
+    name, i = [], 0
+    while i < len(local_name):
+        if local_name[i] == "." and i + 1 < len(local_name):
+            name.append("/" if local_name[i + 1] == "S" else local_name[i + 1])
+            i += 2
+        else:
+            name.append(local_name[i])
+            i += 1
+    return "".join(name)
 
 
 def read_meta(checkpoint_path: str) -> dict:

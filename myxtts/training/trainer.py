@@ -1,7 +1,9 @@
 """`train(config, workdir)`: everything between a resolved config and a trained, checkpointed model.
 
-    hardware plan -> precision policy -> datasets + vocabulary -> model + optimizer
-      -> resume? -> Model.fit(step-based "epochs" of `eval_interval` updates) -> checkpoints
+    hardware plan -> precision policy -> rows + vocabulary -> model + optimizer
+      -> resume (a checkpoint that does not fit stops here) or start (from training.init_from's weights)
+      -> only now write to the run folder -> datasets -> Model.fit(step-based "epochs" of
+         `eval_interval` updates) -> checkpoints
 
 Keras "epochs" here are validation intervals, not passes over the data: the training set repeats
 forever and the run ends at `training.max_steps` optimizer updates, so resuming, accumulation and
@@ -13,7 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,9 +25,8 @@ import yaml
 from myxtts import config as config_lib
 from myxtts.config import Config
 from myxtts.data.manifest import read_manifest, split_train_val
-from myxtts.data.phonemes import check_language, model_texts, phonemize_utterances
-from myxtts.data.pipeline import build_dataset, copies_to_gpu, to_device
-from myxtts.data.text import Vocabulary
+from myxtts.data.phonemes import check_language
+from myxtts.data.pipeline import Epochs, build_dataset, copies_to_gpu, first_batch, to_device
 from myxtts.hardware.batch_plan import BatchPlan
 from myxtts.hardware.detect import detect_machine
 from myxtts.hardware.gpu_memory import allow_memory_growth
@@ -38,6 +38,8 @@ from myxtts.training.callbacks import (CheckpointSaver, NonFiniteGuard, Progress
                                        ValidationSchedule, console_echo, optimizer_step)
 from myxtts.training import batch_probe, distribute
 from myxtts.training.checkpoints import Checkpoints, CheckpointError
+from myxtts.training.init_from import InitSource, check_same_text, initialize_from, load_source
+from myxtts.training.run_folder import WAYS_OUT, RunText, has_checkpoint, prepare_text, reset_run, settings_changed
 from myxtts.training.optimizers import build_optimizer
 from myxtts.training.step import TrainingModel
 
@@ -111,11 +113,14 @@ def train(config: Config, workdir: str | Path, *, resume: str = "auto", epochs: 
     `epochs`, when given, replaces training.max_steps by that many passes over the training set.
     Out of GPU memory with an automatic batch size, the micro-batch is halved and accumulation
     doubled (the same effective batch), and training continues from the last checkpoint.
+
+    A run folder whose checkpoint does not fit this config (another model size or vocabulary, a
+    missing meta file) stops the run before anything in the folder is written or deleted. With
+    `training.init_from` and no checkpoint of its own, the run starts from another run's weights.
     """
     workdir = Path(workdir)
-    if resume == "reset" and (workdir / "checkpoints").exists():
-        shutil.rmtree(workdir / "checkpoints")
-        echo(f"--reset-training: removed {workdir / 'checkpoints'}")
+    if resume == "reset":
+        reset_run(workdir, echo)
     workdir.mkdir(parents=True, exist_ok=True)
 
     if config.data.text_frontend == "phonemes":
@@ -131,8 +136,8 @@ def train(config: Config, workdir: str | Path, *, resume: str = "auto", epochs: 
     echo(distribute.describe(strategy))
     if not distribute.is_chief(strategy):
         workdir = distribute.worker_directory(workdir, strategy)  # every worker saves; only the chief's copy counts
-        if resume == "reset" and (workdir / "checkpoints").exists():
-            shutil.rmtree(workdir / "checkpoints")
+        if resume == "reset":
+            reset_run(workdir, echo=lambda message: None)
         workdir.mkdir(parents=True, exist_ok=True)
     keras.config.set_dtype_policy(policy)
     keras.utils.set_random_seed(config.seed)
@@ -141,14 +146,24 @@ def train(config: Config, workdir: str | Path, *, resume: str = "auto", epochs: 
     if epochs is not None:
         steps = batch_plan_of(config, distribute.replicas(strategy)).updates_for(epochs * len(train_rows))
         config = dataclasses.replace(config, training=dataclasses.replace(config.training, max_steps=steps))
-    train_rows, val_rows, vocabulary = prepare_text(config, workdir, train_rows, val_rows, rebuild_vocabulary=resume == "reset")
-    echo(f"data: {len(train_rows)} training and {len(val_rows)} validation clips, vocabulary of {len(vocabulary)} tokens")
+    resuming = has_checkpoint(workdir)
+    if resume == "require" and not resuming:
+        raise CheckpointError(f"--resume: no checkpoint to resume in {workdir / 'checkpoints' / 'latest'}")
+    source = None
+    if config.training.init_from:
+        if resuming:
+            echo(f"training.init_from ({config.training.init_from}) only starts a run: {workdir} resumes its own checkpoint")
+        else:
+            source = load_source(config.training.init_from)
+            check_same_text(source, config)
+    text = prepare_text(config, workdir, train_rows, val_rows, keep_vocabulary=resuming,
+                        base_vocabulary=source.vocabulary if source else None)
+    echo(f"data: {len(text.train_rows)} training and {len(text.val_rows)} validation clips, vocabulary of {len(text.vocabulary)} tokens")
 
     strict_restore = True
     while True:
-        config_lib.save_config(config, workdir / "config.yaml")
         try:
-            return _fit(config, policy, strategy, workdir, train_rows, val_rows, vocabulary, resume, strict_restore, echo)
+            return _fit(config, policy, strategy, workdir, text, source, strict_restore, echo)
         except tf.errors.ResourceExhaustedError:
             d, t = config.data, config.training
             if not automatic_batch or d.batch_size == 1:
@@ -168,7 +183,6 @@ def train(config: Config, workdir: str | Path, *, resume: str = "auto", epochs: 
                 data=dataclasses.replace(d, batch_size=smaller.batch_size),
                 training=dataclasses.replace(t, gradient_accumulation_steps=smaller.accumulation),
             )
-            resume = "auto"
             strict_restore = False  # the optimizer now has accumulators the checkpoint lacks
 
 
@@ -177,91 +191,48 @@ def batch_plan_of(config: Config, replicas: int) -> BatchPlan:
     return BatchPlan(config.data.batch_size, max(config.training.gradient_accumulation_steps, 1), replicas)
 
 
-def prepare_text(config: Config, workdir: Path, train_rows, val_rows, *, rebuild_vocabulary: bool = False):
-    """The rows with their model texts ready, and the run's vocabulary (workdir/vocab.txt).
-
-    With `data.text_frontend: phonemes`, rows without phonemes (a raw LJSpeech folder) are phonemized
-    here, once, before any graph is built, and cached in workdir/phonemes.json for a resumed run.
-    The vocabulary of a run is fixed at its start, since a resumed run must tokenise the same way;
-    `rebuild_vocabulary` (--reset-training) builds it again from the training rows.
-    """
-    d = config.data
-    if d.text_frontend == "phonemes":
-        rows = phonemize_utterances(train_rows + val_rows, d.language, cache_path=workdir / "phonemes.json", progress=True)
-        train_rows, val_rows = rows[: len(train_rows)], rows[len(train_rows) :]
-    vocab_path = workdir / "vocab.txt"
-    if vocab_path.exists() and not rebuild_vocabulary:
-        _check_same_text_frontend(workdir, d)
-        vocabulary = Vocabulary.load(vocab_path)
-    else:
-        vocabulary = Vocabulary.from_texts(model_texts(train_rows, d.text_frontend), frontend=d.text_frontend)
-    vocabulary.save(vocab_path)
-    return train_rows, val_rows, vocabulary
-
-
-def _check_same_text_frontend(workdir: Path, d) -> None:
-    """A run's vocab.txt holds the tokens of the front end it started with; a resumed run that read
-    text another way would look every token up wrong without any error."""
-    saved_path = workdir / "config.yaml"
-    if not saved_path.exists():
-        return
-    saved = yaml.safe_load(saved_path.read_text(encoding="utf-8"))
-    saved_data = saved.get("data") if isinstance(saved, dict) and isinstance(saved.get("data"), dict) else {}
-    before = (config_lib.saved_text_frontend(saved), saved_data.get("language", d.language))
-    now = (d.text_frontend, d.language)
-    if before[0] != now[0] or (now[0] == "phonemes" and before[1] != now[1]):
-        raise ValueError(
-            f"{workdir} was started with data.text_frontend={before[0]}, data.language={before[1]} and its "
-            f"vocab.txt holds those tokens; this run asks for {now[0]}, {now[1]}: pass --reset-training "
-            "(starts over), another --output-dir, or the run's own settings"
-        )
-
-
 class OutOfMemory(RuntimeError):
     pass
 
 
-def _fit(config: Config, policy: str, strategy, workdir: Path, train_rows, val_rows, vocabulary, resume: str,
+def _fit(config: Config, policy: str, strategy, workdir: Path, text: RunText, source: InitSource | None,
          strict_restore: bool, echo) -> TrainResult:
-    """One attempt: build model, optimizer and datasets for the config's batch, restore, fit."""
+    """One attempt: build model and optimizer for the config's batch, restore (or initialize), and only
+    then write to the run folder, build the datasets and fit."""
     t, d = config.training, config.data
     accumulation = max(t.gradient_accumulation_steps, 1)
-    train_ds = build_dataset(config, train_rows, training=True, vocabulary=vocabulary, gpu_copy=False)
-    val_ds = build_dataset(config, val_rows, training=False, vocabulary=vocabulary) if val_rows else None
-    if val_ds is not None:
-        val_ds = distribute.evenly_split(val_ds, strategy)
-    first_batch = next(iter(train_ds.take(1)), None)
-    if first_batch is None:
+    sample = first_batch(config, text.train_rows, text.vocabulary)
+    if sample is None:
         raise ValueError(
-            f"the {len(train_rows)} training clips do not fill one batch of {d.batch_size}: clips outside "
+            f"the {len(text.train_rows)} training clips do not fill one batch of {d.batch_size}: clips outside "
             f"data.min_duration_s / data.max_duration_s ({d.min_duration_s}-{d.max_duration_s} s) are dropped, and with "
             "data.bucketing each length bucket fills its own batches; lower data.batch_size (--batch-size) or add data")
-    model = build_training_model(config, len(vocabulary), policy, first_batch, strategy)
+    model = build_training_model(config, len(text.vocabulary), policy, sample, strategy)
     replicas = distribute.replicas(strategy)
     network, optimizer = model.network, model.optimizer
 
     checkpoints = Checkpoints(workdir / "checkpoints", network, optimizer, t.optimizer, yaml.safe_dump(config_lib.to_dict(config)))
-    start_step = 0
-    if resume != "reset":
-        try:
-            with strategy.scope():
-                restored = checkpoints.restore(strict=strict_restore)
-        except CheckpointError:
-            if resume == "require":
-                raise CheckpointError(f"--resume: no checkpoint to resume in {workdir / 'checkpoints' / 'latest'}") from None
-        else:
-            echo(restored.message)
-            start_step = optimizer_step(model)
+    start_step = _restore_or_initialize(checkpoints, model, config, workdir, source, text, strict_restore, strategy, echo)
+    # The folder is this run's: from here on it may be written.
+    text.save(workdir)
+    config_lib.save_config(config, workdir / "config.yaml")
     if start_step >= t.max_steps:
         echo(f"already at step {start_step} >= training.max_steps ({t.max_steps}); raise --max-steps to train further")
 
+    feature_cache = workdir / "feature_cache"  # used only when the features outgrow RAM (feature_cache.py)
+    val_ds = (build_dataset(config, text.val_rows, training=False, vocabulary=text.vocabulary,
+                            fallback_cache_dir=feature_cache, echo=echo) if text.val_rows else None)
+    if val_ds is not None:
+        val_ds = distribute.evenly_split(val_ds, strategy)
     samples_per_update = batch_plan_of(config, replicas).samples_per_update
     progress = ProgressLogger(t.log_interval, t.max_steps, samples_per_update, str(workdir / "logs" / "train"), echo)
-    # Resume also continues the data order: replay the seeded stream up to where it stopped
-    # (cheap with data.cache_features; it recomputes the skipped batches' features without).
+    # Resume continues the data order: epoch e of the stream is a function of the seed, so the
+    # stream starts at the resumed epoch and skips only the batches of it already trained on.
     micro_steps_done = start_step * accumulation
     if replicas == 1:
-        train_stream = train_ds.repeat().skip(micro_steps_done)
+        epochs = Epochs(config, text.train_rows, training=True, vocabulary=text.vocabulary,
+                        fallback_cache_dir=feature_cache, echo=echo)
+        train_stream = epochs.stream(micro_steps_done)
         if copies_to_gpu(d):
             # The copy to the GPU must be the last stage, and a clock inside the pipeline would time
             # its background thread, not the step: time the step's fetch from the GPU buffer instead.
@@ -274,8 +245,9 @@ def _fit(config: Config, policy: str, strategy, workdir: Path, train_rows, val_r
             # This host's share of the clips, batched per replica; the distributed iterator moves
             # each batch to its device, so the pipeline itself must not prefetch to a GPU.
             local = dataclasses.replace(config, data=dataclasses.replace(d, batch_size=batch_size))
-            stream = build_dataset(local, train_rows[shard::shards], training=True, vocabulary=vocabulary, gpu_copy=False)
-            return stream.repeat().skip(micro_steps_done * replicas // shards)  # the batches this host already served
+            epochs = Epochs(local, text.train_rows[shard::shards], training=True, vocabulary=text.vocabulary,
+                            fallback_cache_dir=feature_cache / f"shard-{shard}", echo=echo)
+            return epochs.stream(micro_steps_done * replicas // shards)  # after the batches this host already served
 
         # A distributed dataset takes no further stages: no input_wait_ms with several replicas.
         train_stream = distribute.distribute_dataset(strategy, d.batch_size, host_stream)
@@ -291,7 +263,7 @@ def _fit(config: Config, policy: str, strategy, workdir: Path, train_rows, val_r
         # Keras' TensorBoard counts calls (of steps_per_execution micro-batches each).
         keras.callbacks.TensorBoard(str(workdir / "logs"), update_freq=max(1, math.ceil(t.log_interval * accumulation / per_call))),
     ]
-    speech_check = _speech_check(config, network, train_rows, val_rows, vocabulary, workdir, echo)
+    speech_check = _speech_check(config, network, text.train_rows, text.val_rows, text.vocabulary, workdir, echo)
     if speech_check is not None:
         callbacks.insert(0, speech_check)  # val_wer must be in the logs before they are printed and saved
     # Keras counts micro-batches, and ends an epoch only after a whole call of steps_per_execution of
@@ -327,6 +299,27 @@ def _fit(config: Config, policy: str, strategy, workdir: Path, train_rows, val_r
         batch_size=d.batch_size,
         gradient_accumulation_steps=accumulation,
     )
+
+
+def _restore_or_initialize(checkpoints: Checkpoints, model, config: Config, workdir: Path, source: InitSource | None,
+                           text: RunText, strict_restore: bool, strategy, echo) -> int:
+    """The step to start at: the run's own checkpoint restored, else 0 (from `source`'s weights when
+    fine-tuning). A checkpoint that does not fit stops the run, nothing written (see `_WAYS_OUT`)."""
+    path = checkpoints.latest_path()
+    if path is None:
+        if source is not None:
+            with strategy.scope():
+                echo(initialize_from(model.network, source, text.vocabulary).message())
+        return 0
+    try:
+        with strategy.scope():
+            restored = checkpoints.restore(path, strict=strict_restore)
+    except CheckpointError as error:
+        cause = str(error).rstrip(".")
+        raise CheckpointError(f"{workdir} holds a checkpoint this run cannot continue from: {cause}."
+                              f"{settings_changed(path, config)}\n{WAYS_OUT.format(run=workdir)}") from None
+    echo(restored.message)
+    return optimizer_step(model)
 
 
 def _speech_check(config: Config, network, train_rows, val_rows, vocabulary, workdir: Path, echo):

@@ -1,0 +1,144 @@
+"""The run folder: what ties it to one run, and what may be written to it when.
+
+    <run>/checkpoints/   latest, best_text, best_mel (checkpoints.py)
+    <run>/vocab.txt      the token ids the checkpoints' embedding rows follow
+    <run>/phonemes.json  transcripts phonemized before (saves espeak-ng the work on a resume)
+    <run>/config.yaml    the resolved config of the last start
+
+A run resumes with its own vocabulary, or stops (`prepare_text`); `--reset-training` deletes what
+ties the folder to the old run (`reset_run`); nothing here writes until `RunText.save`, which the
+trainer calls only once the folder's checkpoint, if any, has been restored.
+"""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import tensorflow as tf
+import yaml
+
+from myxtts import config as config_lib
+from myxtts.config import Config
+from myxtts.data.phonemes import model_texts, needs_phonemes, phonemize_utterances, read_phonemes_cache, save_phonemes_cache
+from myxtts.data.text import Vocabulary
+from myxtts.training.callbacks import console_echo
+from myxtts.training.checkpoints import CheckpointError, read_meta
+from myxtts.training.init_from import extended_vocabulary
+
+VOCABULARY_FILE, PHONEMES_CACHE = "vocab.txt", "phonemes.json"
+
+
+def has_checkpoint(workdir: Path) -> bool:
+    return tf.train.latest_checkpoint(str(workdir / "checkpoints" / "latest")) is not None
+
+
+def reset_run(workdir: Path, echo=console_echo) -> None:
+    """--reset-training: delete what ties the folder to the old run: its checkpoints, its vocabulary
+    (new data may hold new tokens) and its phonemes cache."""
+    for path in (workdir / "checkpoints", workdir / VOCABULARY_FILE, workdir / PHONEMES_CACHE):
+        if path.is_dir():
+            shutil.rmtree(path)
+        elif path.exists():
+            path.unlink()
+        else:
+            continue
+        echo(f"--reset-training: removed {path}")
+
+
+@dataclass
+class RunText:
+    """The rows with their model texts, and the run's vocabulary; `save` writes them to the run folder."""
+
+    train_rows: list
+    val_rows: list
+    vocabulary: Vocabulary
+    language: str
+    new_phonemes: dict  # transcript -> phonemes made now, for the run's phonemes cache
+
+    def save(self, workdir: Path) -> None:
+        self.vocabulary.save(workdir / VOCABULARY_FILE)
+        if self.new_phonemes:
+            cache = workdir / PHONEMES_CACHE
+            save_phonemes_cache(cache, self.language, {**read_phonemes_cache(cache, self.language), **self.new_phonemes})
+
+
+def prepare_text(config: Config, workdir: Path, train_rows, val_rows, *, keep_vocabulary: bool = False,
+                 base_vocabulary: Vocabulary | None = None) -> RunText:
+    """The rows with their model texts ready, and the run's vocabulary; nothing is written (`RunText.save`).
+
+    With `data.text_frontend: phonemes`, rows without phonemes (a raw LJSpeech folder) are phonemized
+    here, once, before any graph is built; the run's cache (workdir/phonemes.json) answers for the
+    transcripts phonemized before. `keep_vocabulary` (a run resuming its checkpoint): the vocabulary
+    is the run's vocab.txt, since its checkpoint's token rows follow it; a training token it lacks is
+    an error, not a silent <unk>. Otherwise the vocabulary is built from the training rows, after the
+    tokens of `base_vocabulary` (fine-tuning: `init_from.extended_vocabulary`).
+    """
+    d = config.data
+    new_phonemes = {}
+    if d.text_frontend == "phonemes":
+        rows = train_rows + val_rows
+        phonemized = phonemize_utterances(rows, d.language, cache_path=workdir / PHONEMES_CACHE, progress=True,
+                                          write_cache=False)
+        new_phonemes = {before.text: after.phonemes for before, after in zip(rows, phonemized)
+                        if needs_phonemes(before, d.language)}
+        train_rows, val_rows = phonemized[: len(train_rows)], phonemized[len(train_rows) :]
+    from_data = Vocabulary.from_texts(model_texts(train_rows, d.text_frontend), frontend=d.text_frontend)
+    vocab_path = workdir / VOCABULARY_FILE
+    if keep_vocabulary:
+        if not vocab_path.exists():
+            raise CheckpointError(f"{workdir} has checkpoints but no {VOCABULARY_FILE}, so its token ids are lost. "
+                                  f"{WAYS_OUT.format(run=workdir)}")
+        _check_same_text_frontend(workdir, d)
+        vocabulary = Vocabulary.load(vocab_path)
+        unknown = sorted(set(from_data.symbols) - set(vocabulary.symbols))
+        if unknown:
+            raise ValueError(
+                f"{len(unknown)} tokens of the training data are not in {vocab_path}, which {workdir} was started "
+                f"with: {' '.join(repr(token) for token in unknown)}; they would all be read as <unk>. Start a new run "
+                f"from this one's weights (--init-from {workdir} --output-dir NEW: its vocabulary adds them), or "
+                "--reset-training (starts over here), or train without the rows that hold them")
+    elif base_vocabulary is not None:
+        vocabulary = extended_vocabulary(base_vocabulary, from_data)
+    else:
+        vocabulary = from_data
+    return RunText(train_rows, val_rows, vocabulary, d.language, new_phonemes)
+
+
+WAYS_OUT = ("Nothing in it was written or deleted. Either run with that run's own settings (e.g. --config "
+             "{run}/config.yaml), or train in a new folder (--output-dir NEW; --init-from {run} starts it from "
+             "these weights), or pass --reset-training to delete its checkpoints and start over in {run}")
+
+
+def _check_same_text_frontend(workdir: Path, d) -> None:
+    """A run's vocab.txt holds the tokens of the front end it started with; a resumed run that read
+    text another way would look every token up wrong without any error."""
+    saved_path = workdir / "config.yaml"
+    if not saved_path.exists():
+        return
+    saved = yaml.safe_load(saved_path.read_text(encoding="utf-8"))
+    saved_data = saved.get("data") if isinstance(saved, dict) and isinstance(saved.get("data"), dict) else {}
+    before = (config_lib.saved_text_frontend(saved), saved_data.get("language", d.language))
+    now = (d.text_frontend, d.language)
+    if before[0] != now[0] or (now[0] == "phonemes" and before[1] != now[1]):
+        raise ValueError(
+            f"{workdir} was started with data.text_frontend={before[0]}, data.language={before[1]} and its "
+            f"vocab.txt holds those tokens; this run asks for {now[0]}, {now[1]}: pass --reset-training "
+            "(starts over), another --output-dir, or the run's own settings"
+        )
+
+
+def settings_changed(path: str, config: Config) -> str:
+    """ Settings the checkpoint was saved with that differ now (a hint at the cause), or ""."""
+    try:
+        saved = yaml.safe_load(read_meta(path).get("config") or "")
+    except CheckpointError:
+        return ""
+    if not isinstance(saved, dict):
+        return ""
+    now = config_lib.to_dict(config)
+    changed = [f"{section}.{key}: {value!r} then, {now[section].get(key)!r} now"
+               for section, values in saved.items() if isinstance(values, dict) and isinstance(now.get(section), dict)
+               for key, value in values.items() if now[section].get(key) != value]
+    return f" Settings that differ from the checkpoint's: {'; '.join(changed[:8])}." if changed else ""
