@@ -94,6 +94,23 @@ def build_dataset(
     return to_device(ds, config.data) if gpu_copy else ds
 
 
+def shuffle_with_key(ds: tf.data.Dataset, buffer_size: int, key) -> tf.data.Dataset:
+    """`ds.shuffle(buffer_size)` in the order set by the int64 tensor `key` alone.
+
+    TensorFlow 2.21 turns a shuffle's seed into (graph seed, seed) and compares that pair with
+    (0, 0) in Python, which raises on a tensor seed when the global seed is 0
+    (`keras.utils.set_random_seed(0)`, a user's `seed: 0`). Traced without a graph seed, the pair is
+    (TensorFlow's fixed default, key): no comparison of a tensor, and the same order whatever the
+    global seed.
+    """
+    graph = tf.compat.v1.get_default_graph()
+    saved, graph.seed = graph.seed, None
+    try:
+        return ds.shuffle(buffer_size, seed=key)
+    finally:
+        graph.seed = saved
+
+
 class Epochs:
     """The batches of a manifest, epoch after epoch, in an order set by the seed (module docstring)."""
 
@@ -178,7 +195,7 @@ class Epochs:
             if self.training:
                 everything = len(self.utterances) + 1  # more than every clip: reads to the end, which completes the cache
                 window = everything if self.cache.in_ram or not c.shuffle_buffer_size else c.shuffle_buffer_size
-                ds = ds.shuffle(window, seed=key)
+                ds = shuffle_with_key(ds, window, key)
         else:
             order = tf.random.experimental.stateless_shuffle(tf.range(len(self.utterances), dtype=tf.int64),
                                                              seed=tf.stack([key, tf.constant(self.seed, tf.int64)]))
