@@ -133,6 +133,7 @@ class TrainingConfig:
     checkpoint_interval: int = 200
     max_nonfinite_steps: int = 25
     gradient_checkpointing: bool = False
+    decoder_window: int = 0
     log_samples: bool = True
     wer_sentences: int = 24
     init_from: str = ""
@@ -401,6 +402,8 @@ def validate(config: Config) -> None:
     for key in ("batch_size", "num_workers", "prefetch_buffer_size", "shuffle_buffer_size"):
         if getattr(d, key) < 0:
             problems.append(f"data.{key} must be >= 0 (0 = automatic), got {getattr(d, key)}")
+    if t.decoder_window < 0:
+        problems.append(f"training.decoder_window must be >= 0 (0 = whole clips), got {t.decoder_window}")
     if t.wer_sentences < 0:
         problems.append(f"training.wer_sentences must be >= 0 (0 = off), got {t.wer_sentences}")
     if t.gradient_accumulation_steps < 0:

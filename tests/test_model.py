@@ -64,8 +64,8 @@ def _numpy(outputs):
 def test_outputs_have_exact_shapes_and_float32(model):
     batch = make_batch()
     outputs = model(batch)
-    assert set(outputs) == {"mel", "alignment_scores", "durations", "log_durations"}
-    assert outputs["mel"].shape == (2, 32, N_MELS)
+    assert set(outputs) == {"mel", "mel_target", "mel_target_length", "alignment_scores", "durations", "log_durations"}
+    assert outputs["mel"].shape == (2, 32, N_MELS) and outputs["mel_target"] is batch["mel"]
     assert outputs["alignment_scores"].shape == (2, 32, 16)
     assert outputs["durations"].shape == (2, 16) and outputs["durations"].dtype == tf.int32
     assert outputs["log_durations"].shape == (2, 16)
@@ -152,6 +152,30 @@ def _per_example_losses(model, batch):
     return {k: v.numpy() for k, v in compute_losses(batch, model(batch), per_example=True).items()}
 
 
+def test_a_decoder_window_decodes_one_stretch_of_each_clip_as_the_whole_clip_would():
+    batch = make_batch()  # clips of 32 and 19 frames
+    keras.utils.set_random_seed(0)
+    model = XTTS(vocab_size=VOCAB, n_mels=N_MELS, size="tiny", decoder_window=20)  # tiny has no dropout
+    model(batch)
+    whole = _numpy(model(batch, training=False))
+    starts = set()
+    for _ in range(4):
+        windowed = _numpy(model(batch, training=True))
+        assert windowed["mel"].shape == windowed["mel_target"].shape == (2, 20, N_MELS)
+        np.testing.assert_array_equal(windowed["mel_target_length"], [20, 19])  # the short clip is whole
+        np.testing.assert_array_equal(windowed["mel_target"][1, :19], batch["mel"][1, :19])
+        long_clip = batch["mel"][0].numpy()
+        start = [s for s in range(13) if np.array_equal(windowed["mel_target"][0], long_clip[s : s + 20])]
+        assert len(start) == 1, "the target is not a stretch of the clip"
+        starts.add(start[0])
+        # Frames further from the window's edges than the decoder's receptive field (2 blocks,
+        # kernel 5, dilations 1 and 2: 6 frames) are decoded exactly as in the whole clip.
+        s = start[0]
+        np.testing.assert_allclose(windowed["mel"][0, 6:14], whole["mel"][0, s + 6 : s + 14], atol=1e-5)
+        np.testing.assert_allclose(windowed["mel"][1, 6:13], whole["mel"][1, 6:13], atol=1e-5)
+    assert len(starts) > 1, "every draw took the same window"
+
+
 def test_losses_ignore_padding_content_and_padding_length(model):
     batch = make_batch()
     expected = _per_example_losses(model, batch)
@@ -202,6 +226,8 @@ def test_losses_match_a_numpy_reference():
         "alignment_scores": tf.constant(scores, tf.float32),
         "durations": tf.constant(durations),
         "log_durations": tf.constant(rng.normal(1, 0.5, (2, 16)), tf.float32),
+        "mel_target": batch["mel"],
+        "mel_target_length": batch["mel_length"],
     }
     got = {k: v.numpy() for k, v in compute_losses(batch, outputs, per_example=True).items()}
     b = {k: v.numpy() for k, v in batch.items()}

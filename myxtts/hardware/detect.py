@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from myxtts.hardware.host import HostPaths, detect_platform, usable_cpu_cores, usable_ram
+from myxtts.hardware.host import HostPaths, cpu_bf16_flags, detect_platform, usable_cpu_cores, usable_ram
 
 
 def architecture_for(compute_capability: tuple[int, int]) -> str:
@@ -105,12 +105,14 @@ class MachineFacts:
     tensorflow_gpus: tuple[str, ...] | None = None  # None: TensorFlow not queried or not importable
     tensorflow_cuda_capabilities: tuple[str, ...] | None = None  # e.g. ("sm_80", "compute_90")
     cuda_visible_devices: str | None = None
+    cpu_bf16_flags: tuple[str, ...] = ()  # e.g. ("avx512_bf16",): the CPU computes in bfloat16 natively
     notes: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         # Accept lists (as JSON gives them) but store tuples so the facts stay hashable and immutable.
         object.__setattr__(self, "gpus", tuple(self.gpus))
         object.__setattr__(self, "notes", tuple(self.notes))
+        object.__setattr__(self, "cpu_bf16_flags", tuple(self.cpu_bf16_flags))
         for name in ("tensorflow_gpus", "tensorflow_cuda_capabilities"):
             value = getattr(self, name)
             if value is not None:
@@ -394,5 +396,6 @@ def detect_machine(
         tensorflow_gpus=tf_gpus,
         tensorflow_cuda_capabilities=tf_caps,
         cuda_visible_devices=visible_value,
+        cpu_bf16_flags=cpu_bf16_flags(host_paths),
         notes=tuple(notes),
     )

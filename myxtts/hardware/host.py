@@ -130,6 +130,18 @@ def usable_cpu_cores(paths: HostPaths) -> tuple[int, int, list[str]]:
     return usable, logical, notes
 
 
+# CPU features that run bfloat16 matrix products natively (oneDNN uses them for TensorFlow's
+# matmuls and convolutions); without them bf16 is converted to float32 around every op.
+BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
+
+
+def cpu_bf16_flags(paths: HostPaths) -> tuple[str, ...]:
+    """Which of `BF16_CPU_FLAGS` the first processor of /proc/cpuinfo lists (() if unreadable)."""
+    text = _read(paths.proc / "cpuinfo") or ""
+    flags = next((line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), [])
+    return tuple(flag for flag in BF16_CPU_FLAGS if flag in flags)
+
+
 def physical_ram_bytes(paths: HostPaths) -> int | None:
     """Total RAM of the machine (or of the WSL2 VM), None where it cannot be read."""
     meminfo = _read(paths.proc / "meminfo")

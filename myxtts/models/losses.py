@@ -7,7 +7,8 @@ accumulated micro-batches of 4 give exactly the loss (and gradients) of one batc
 
     loss = mel_loss + ALIGN_WEIGHT * align_loss + DURATION_WEIGHT * duration_loss
 
-- mel_loss: L1 in log-mel space, averaged over bands and valid frames. L1 rather than L2 because
+- mel_loss: L1 in log-mel space, averaged over bands and valid frames (of the decoded window, with
+  `training.decoder_window`). L1 rather than L2 because
   log-mel errors are heavy-tailed (silence at the log floor).
 - align_loss: the forward-sum objective (`alignment.forward_sum_loss`), nats per frame: how
   unlikely the text is given the audio, over every monotonic alignment. It trains only the frame
@@ -33,7 +34,7 @@ LOSS_NAMES = ("loss", "mel_loss", "align_loss", "duration_loss")
 
 def compute_losses(batch: dict, outputs: dict, *, per_example: bool = False) -> dict:
     """Losses of the model's `outputs` on `batch`: float32 scalars, or [B] vectors with `per_example`."""
-    mel = mel_loss(batch["mel"], batch["mel_length"], outputs["mel"])
+    mel = mel_loss(outputs["mel_target"], outputs["mel_target_length"], outputs["mel"])
     align = forward_sum_loss(outputs["alignment_scores"], batch["mel_length"], batch["text_length"])
     duration = duration_loss(outputs["durations"], outputs["log_durations"], batch["text_length"])
     losses = {

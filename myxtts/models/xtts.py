@@ -41,7 +41,7 @@ class XTTS(keras.Model):
     """The network. `size` names a row of `MODEL_SIZES`; the vocabulary and mel bands come from the data."""
 
     def __init__(self, vocab_size: int, n_mels: int, size: str = "small", gradient_checkpointing: bool = False,
-                 **kwargs):
+                 decoder_window: int = 0, **kwargs):
         super().__init__(**kwargs)
         spec = get_size(size)
         self.vocab_size = vocab_size
@@ -52,6 +52,12 @@ class XTTS(keras.Model):
         # those of the plain pass, dropout included (tests/test_model.py).
         self.gradient_checkpointing = gradient_checkpointing
         self.spec = spec
+        # Training decodes one random window of this many frames per clip instead of the whole clip
+        # (0 = whole clips). The decoder is convolutional with a receptive field of a few dozen
+        # frames, so a window teaches it what a whole clip does, at a fraction of the cost: the
+        # alignment, which needs whole clips, is then most of a step (BENCHMARKS.md).
+        self.decoder_window = decoder_window
+        self.window_seed = keras.random.SeedGenerator(name="decoder_window_seed") if decoder_window else None
         d = spec.d_model
 
         self.conditioning_encoder = ConditioningEncoder(
@@ -96,17 +102,24 @@ class XTTS(keras.Model):
 
     def call(self, batch, training=False):
         """Teacher-forced on the recording's own alignment. Returns float32
-        mel [B, T, n_mels], alignment_scores [B, T, L], durations [B, L] (int32, from the recording),
-        log_durations [B, L] (the predictor's)."""
+        mel [B, T, n_mels] and what it is compared with, mel_target and mel_target_length (the
+        batch's mel, or with `decoder_window` in training one window of it per clip, [B, W, n_mels]);
+        alignment_scores [B, T, L], durations [B, L] (int32, from the recording), log_durations
+        [B, L] (the predictor's)."""
         voice = self.voice(batch["reference_mel"], batch["reference_length"], training=training)
         text = self.encode_text(batch["tokens"], batch["text_length"], voice, training=training)
         scores = self.alignment_scores(batch["mel"], batch["mel_length"], batch["tokens"], batch["text_length"],
                                        training=training)
         durations = alignment.durations_of(
             alignment.viterbi_alignment(scores, batch["mel_length"], batch["text_length"]))
-        mel = self.decode(text, durations, tf.shape(batch["mel"])[1], batch["mel_length"], training=training)
+        index = alignment.frame_tokens(durations, tf.shape(batch["mel"])[1])  # [B, T]
+        target, target_length = batch["mel"], batch["mel_length"]
+        if training and self.decoder_window:
+            index, target, target_length = self._window(index, target, target_length)
         return {
-            "mel": mel,
+            "mel": self.decode_frames(text, index, target_length, training=training),
+            "mel_target": target,
+            "mel_target_length": target_length,
             "alignment_scores": scores,
             "durations": durations,
             "log_durations": self.predict_log_durations(text, batch["text_length"], training=training),
@@ -143,12 +156,27 @@ class XTTS(keras.Model):
 
     def decode(self, text, durations, frames, mel_length, training=False):
         """mel [B, frames, n_mels] float32 from text [B, L, d] stretched by durations [B, L]."""
-        index = alignment.frame_tokens(durations, frames)  # [B, frames]
+        return self.decode_frames(text, alignment.frame_tokens(durations, frames), mel_length, training=training)
+
+    def decode_frames(self, text, index, mel_length, training=False):
+        """mel [B, frames, n_mels] float32 where frame t speaks token index[b, t] of text [B, L, d]."""
+        frames = tf.shape(index)[1]
         mask = tf.sequence_mask(mel_length, frames, dtype=self.compute_dtype)[:, :, None]
         length = tf.shape(text)[1]
         x = tf.gather(text, tf.minimum(index, length - 1), batch_dims=1) * mask  # [B, frames, d]
         x = self._blocks(self.decoder_blocks, self.decoder_input(x) * mask, training, keep=mask)
         return denormalize_mel(self.mel_head(self.decoder_norm(x))) * tf.cast(mask, tf.float32)
+
+    def _window(self, index, mel, mel_length):
+        """One random window of `decoder_window` frames per clip, inside the clip where it is longer:
+        (its token index [B, W], its mel [B, W, n_mels], its valid length [B])."""
+        window = self.decoder_window
+        room = tf.maximum(mel_length - window, 0)  # [B]: latest start that keeps the window in the clip
+        draw = keras.random.uniform(tf.shape(mel_length), seed=self.window_seed)
+        start = tf.minimum(tf.cast(draw * tf.cast(room + 1, tf.float32), tf.int32), room)
+        positions = tf.minimum(start[:, None] + tf.range(window)[None], tf.shape(mel)[1] - 1)  # [B, W]
+        length = tf.minimum(mel_length - start, window)
+        return (tf.gather(index, positions, batch_dims=1), tf.gather(mel, positions, batch_dims=1), length)
 
     def predict_log_durations(self, text, text_length, training=False):
         """[B, L] float32: log(1 + frames) per token. Reads the text encoding without training it:
@@ -171,11 +199,12 @@ class XTTS(keras.Model):
     def get_config(self):
         config = super().get_config()
         config.update(vocab_size=self.vocab_size, n_mels=self.n_mels, size=self.size,
-                      gradient_checkpointing=self.gradient_checkpointing)
+                      gradient_checkpointing=self.gradient_checkpointing, decoder_window=self.decoder_window)
         return config
 
 
 def network_for(config, vocab_size: int) -> XTTS:
     """The network a run's config describes. Training, synthesis and the tools all build it here."""
     return XTTS(vocab_size=vocab_size, n_mels=config.data.n_mels, size=config.model.size,
-                gradient_checkpointing=config.training.gradient_checkpointing)
+                gradient_checkpointing=config.training.gradient_checkpointing,
+                decoder_window=config.training.decoder_window)
