@@ -134,6 +134,7 @@ class TrainingConfig:
     max_nonfinite_steps: int = 25
     gradient_checkpointing: bool = False
     decoder_window: int = 0
+    lr_decay_fraction: float = 1.0
     log_samples: bool = True
     wer_sentences: int = 24
     init_from: str = ""
@@ -402,6 +403,8 @@ def validate(config: Config) -> None:
     for key in ("batch_size", "num_workers", "prefetch_buffer_size", "shuffle_buffer_size"):
         if getattr(d, key) < 0:
             problems.append(f"data.{key} must be >= 0 (0 = automatic), got {getattr(d, key)}")
+    if not 0.0 < t.lr_decay_fraction <= 1.0:
+        problems.append(f"training.lr_decay_fraction must be in (0, 1], got {t.lr_decay_fraction}")
     if t.decoder_window < 0:
         problems.append(f"training.decoder_window must be >= 0 (0 = whole clips), got {t.decoder_window}")
     if t.wer_sentences < 0:

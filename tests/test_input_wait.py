@@ -113,7 +113,8 @@ def test_a_training_run_that_copies_batches_to_the_gpu_still_logs_input_wait(dem
         f"data.train_data={demo_corpus}", "model.size=tiny", "data.batch_size=4", "data.max_duration_s=6.0",
         "data.bucket_boundaries_s=[6.0]", "data.prefetch_to_gpu=true", "training.gradient_accumulation_steps=1",
         "training.precision=fp32", "training.enable_xla_compilation=false", "training.max_steps=3",
-        "training.log_interval=1", "training.eval_interval=100", "training.log_samples=false"])
+        "training.log_interval=1", "training.eval_interval=100", "training.log_samples=false",
+        "training.wer_sentences=0"])
     try:
         result = trainer.train(config, tmp_path / "run")
     finally:

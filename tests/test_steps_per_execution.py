@@ -19,7 +19,7 @@ def _config(corpus, *overrides):
         f"data.train_data={corpus}", "model.size=tiny", "data.batch_size=4", "data.deterministic=true",
         "data.max_duration_s=6.0", "data.bucket_boundaries_s=[3.0, 6.0]", "training.gradient_accumulation_steps=1",
         "training.precision=fp32", "training.enable_xla_compilation=false", "training.warmup_steps=2",
-        "training.log_samples=false", *overrides])
+        "training.log_samples=false", "training.wer_sentences=0", *overrides])
 
 
 @pytest.fixture(autouse=True)

@@ -32,6 +32,7 @@ def _config(corpus, *overrides):
             "training.log_interval=1",
             "training.warmup_steps=2",
             "training.log_samples=false",  # synthesis traces its own loop; one test turns it on
+            "training.wer_sentences=0",  # the recognizer's measure costs seconds per validation; one test turns it on
             *overrides,
         ]
     )
@@ -195,7 +196,7 @@ def test_end_to_end_resume_optimizer_switch_and_no_recompilation(demo_corpus, tm
     # default data.deterministic: false, with parallel decoding: the feature cache keeps the order.
     unordered = ("data.deterministic=false", "data.num_workers=4")
     config = _config(demo_corpus, "training.max_steps=6", "training.eval_interval=3", "training.checkpoint_interval=3",
-                     "training.log_samples=true", *unordered)
+                     "training.log_samples=true", "training.wer_sentences=2", *unordered)
     straight = train(config, tmp_path / "straight")
     sample_events = (tmp_path / "straight" / "logs" / "samples").glob("events.out.tfevents.*")
     tags = {v.tag for f in sample_events for e in tf.compat.v1.train.summary_iterator(str(f)) for v in e.summary.value}
@@ -476,3 +477,17 @@ def test_a_run_folder_that_does_not_fit_is_left_untouched_and_reset_with_init_fr
             tuned = fine_tuned[name]
             shared = tuple(slice(0, n) for n in value.shape)  # the old rows of a mapped weight, all of any other
             np.testing.assert_allclose(tuned[shared], value, atol=1e-7, err_msg=name)  # learning rate 1e-9
+
+
+def test_the_schedule_without_a_hold_is_keras_cosine_decay_and_with_one_holds_the_peak():
+    from myxtts.training.optimizers import WarmupHoldDecay
+
+    keras_cosine = keras.optimizers.schedules.CosineDecay(0.0, warmup_target=2e-3, warmup_steps=100, decay_steps=900, alpha=0.1)
+    ours = WarmupHoldDecay(2e-3, warmup_steps=100, total_steps=1000, decay_steps=900)
+    steps = [0, 1, 50, 99, 100, 101, 400, 700, 999, 1000, 1200]
+    np.testing.assert_allclose([float(ours(s)) for s in steps], [float(keras_cosine(s)) for s in steps], rtol=1e-5, atol=1e-9)
+    held = WarmupHoldDecay(2e-3, warmup_steps=100, total_steps=1000, decay_steps=300)
+    assert [float(held(s)) for s in (100, 400, 700)] == pytest.approx([2e-3] * 3)
+    assert float(held(850)) == pytest.approx(2e-3 * (0.1 + 0.9 * 0.5), rel=1e-5)  # half way down the cosine
+    assert float(held(1000)) == pytest.approx(2e-4) and float(held(5000)) == pytest.approx(2e-4)
+    assert WarmupHoldDecay.from_config(held.get_config()).get_config() == held.get_config()

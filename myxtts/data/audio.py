@@ -30,7 +30,11 @@ def load_wav(path, middle_seconds: float | None = None) -> tuple[tf.Tensor, tf.T
     decoded with `decode_raw` on the data bytes: about ten times cheaper than `tf.audio.decode_wav`
     and bit-identical (measured on the demo corpus). Any other layout goes through `decode_wav`.
     """
-    contents = tf.io.read_file(path)
+    return decode_wav_bytes(tf.io.read_file(path), middle_seconds)
+
+
+def decode_wav_bytes(contents, middle_seconds: float | None = None) -> tuple[tf.Tensor, tf.Tensor]:
+    """`load_wav` of a WAV file's bytes (a scalar string): what an exported model takes from a client."""
 
     def raw_pcm16():
         channels = _header_int(contents, 22, 2)

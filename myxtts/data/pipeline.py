@@ -307,8 +307,13 @@ def _features(example, c: DataConfig) -> dict:
 def reference_log_mel(path, c: DataConfig):
     """The middle `reference_duration_s` of a clip (away from leading and trailing silence), as a
     log-mel padded to a fixed number of frames: ([reference_frames, n_mels], true frames)."""
-    samples, rate = audio.load_wav(path, middle_seconds=c.reference_duration_s)
-    samples = audio.resample_to(samples, rate, c.sample_rate, source=path)[: c.reference_samples]
+    return reference_log_mel_of_bytes(tf.io.read_file(path), c, source=path)
+
+
+def reference_log_mel_of_bytes(contents, c: DataConfig, source: tf.Tensor | str = ""):
+    """`reference_log_mel` of a WAV file's bytes; `source` names it in errors."""
+    samples, rate = audio.decode_wav_bytes(contents, middle_seconds=c.reference_duration_s)
+    samples = audio.resample_to(samples, rate, c.sample_rate, source=source)[: c.reference_samples]
     mel = audio.log_mel(audio.peak_normalize(samples, c.peak_normalize), c)  # [frames <= reference_frames, n_mels]
     frames = tf.shape(mel)[0]
     mel = tf.pad(mel, [[0, c.reference_frames - frames], [0, 0]], constant_values=math.log(c.log_floor))

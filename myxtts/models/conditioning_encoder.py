@@ -56,16 +56,16 @@ class ConditioningEncoder(keras.layers.Layer):
     def call(self, reference_mel, reference_length, training=False):
         frames = tf.shape(reference_mel)[1]
         valid = tf.sequence_mask(reference_length, frames)  # [B, R]
-        keep = tf.cast(valid, self.compute_dtype)[:, :, None]  # [B, R, 1]
+        keep = tf.expand_dims(tf.cast(valid, self.compute_dtype), 2)  # [B, R, 1]
         x = normalize_mel(reference_mel) * keep
         x = self.conv_in(x) * keep  # conv_out must not read conv_in's response to the padding
         # conv_out's own output past the length is left as is: those frames are masked as keys below.
         x = self.conv_out(x)  # [B, R, d]
-        x = x + sinusoidal_positions(frames, self.d_model, x.dtype)[None]
-        key_mask = valid[:, None, :]  # [B, 1, R]: any query may read every valid frame
+        x = x + tf.expand_dims(sinusoidal_positions(frames, self.d_model, x.dtype), 0)
+        key_mask = tf.expand_dims(valid, 1)  # [B, 1, R]: any query may read every valid frame
         for block in self.blocks:
             x = block(x, attention_mask=key_mask, training=training)
-        queries = tf.cast(self.latent_queries, x.dtype)[None]  # [1, K, d]
+        queries = tf.expand_dims(tf.cast(self.latent_queries, x.dtype), 0)  # [1, K, d]
         queries = tf.tile(queries, [tf.shape(x)[0], 1, 1])  # [B, K, d]
         latents = self.perceiver(queries, context=x, attention_mask=key_mask, training=training)
         return self.output_norm(latents)  # [B, K, d]

@@ -66,8 +66,9 @@ def griffin_lim(magnitude, data_config, iterations: int = 32, *, momentum: float
     The fast variant (Perraudin et al. 2013): each phase estimate is pushed past the previous one
     by `momentum`, which converges in far fewer iterations than plain Griffin-Lim; 0 is plain.
     """
-    magnitude = tf.cast(tf.convert_to_tensor(magnitude, tf.float32), tf.complex64)
-    angles = tf.random.stateless_uniform(tf.shape(magnitude), [seed, 0], 0.0, 2.0 * np.pi)
+    magnitude = tf.convert_to_tensor(magnitude, tf.float32)
+    angles = initial_angles(magnitude, seed)
+    magnitude = tf.cast(magnitude, tf.complex64)
     phase = tf.exp(tf.complex(tf.zeros_like(angles), angles))
     previous = tf.zeros_like(phase)
     factor = tf.complex(momentum / (1.0 + momentum), 0.0)
@@ -79,6 +80,25 @@ def griffin_lim(magnitude, data_config, iterations: int = 32, *, momentum: float
 
     _, phase, _ = tf.while_loop(lambda i, *_: i < iterations, body, (tf.constant(0), phase, previous))
     return istft(magnitude * phase, data_config)
+
+
+# Random initial phases come from one table, repeated along time for longer inputs: the same for a
+# given seed in every runtime, including TFLite, whose built-in ops have no random generator.
+_ANGLE_TABLE_FRAMES = 1024
+
+
+@functools.lru_cache(maxsize=4)
+def _angle_table(bins: int, seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).uniform(0.0, 2.0 * np.pi, (_ANGLE_TABLE_FRAMES, bins)).astype(np.float32)
+
+
+def initial_angles(magnitude, seed: int) -> tf.Tensor:
+    """Phase angles shaped like `magnitude` [..., frames, bins]: rows of a seeded table, the same
+    for every leading index."""
+    frames, bins = tf.shape(magnitude)[-2], int(magnitude.shape[-1])
+    table = tf.constant(_angle_table(bins, seed))
+    repeats = (frames + _ANGLE_TABLE_FRAMES - 1) // _ANGLE_TABLE_FRAMES
+    return tf.broadcast_to(tf.tile(table, tf.stack([repeats, 1]))[:frames], tf.shape(magnitude))
 
 
 def stft(signal, data_config) -> tf.Tensor:

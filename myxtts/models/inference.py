@@ -51,6 +51,14 @@ def generate(model, tokens, reference_mel=None, reference_length=None, *, voice=
     return _COMPILED[model](tokens, voice, tf.constant(duration_scale, tf.float32), limit)
 
 
+def synthesize_tokens(model, tokens, reference_mel, reference_length, max_frames, duration_scale=1.0):
+    """`generate` for a caller that traces it into its own graph (the exported model): tokens
+    [B, L], the voice averaged from every reference clip [N, R, n_mels], at most `max_frames`."""
+    voice = model.voice(reference_mel, reference_length, average=True)
+    voice = tf.broadcast_to(voice, tf.stack([tf.shape(tokens)[0], tf.shape(voice)[1]]))
+    return _synthesize(model, tokens, voice, tf.cast(duration_scale, tf.float32), max_frames)
+
+
 def _synthesize(model, tokens, voice, duration_scale, max_frames):
     text_length = tf.reduce_sum(tf.cast(tokens != PAD_ID, tf.int32), axis=1)  # [B]
     text = model.encode_text(tokens, text_length, voice)

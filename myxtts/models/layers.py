@@ -43,7 +43,7 @@ def sinusoidal_code(positions, depth: int) -> tf.Tensor:
     """The sine/cosine code of float `positions` [...]: [..., depth] float32. Fractional positions
     are allowed; codes of nearby positions have large dot products, distant ones small."""
     rates = tf.exp(-math.log(10000.0) * tf.range(0, depth, 2, dtype=tf.float32) / depth)  # [depth / 2]
-    angles = positions[..., None] * rates
+    angles = tf.expand_dims(positions, -1) * rates
     return tf.concat([tf.sin(angles), tf.cos(angles)], axis=-1)[..., :depth]
 
 
@@ -91,7 +91,7 @@ class Attention(keras.layers.Layer):
         if attention_mask is not None:
             # An additive bias rather than tf.where: one broadcast add over [B, heads, Q, C] whose
             # gradient is the identity, where a select would cost another pass backwards.
-            bias = tf.where(attention_mask, 0.0, _MASKED_SCORE)[:, None]  # [B or 1, 1, Q, C]
+            bias = tf.expand_dims(tf.where(attention_mask, 0.0, _MASKED_SCORE), 1)  # [B or 1, 1, Q, C]
             scores = scores + bias
         weights = tf.cast(tf.nn.softmax(scores, axis=-1), self.compute_dtype)
         heads = tf.einsum("bhqk,bhkd->bhqd", weights, v)  # [B, heads, Q, head_size]
@@ -227,8 +227,9 @@ class ConvStack(keras.layers.Layer):
     """
 
     def __init__(self, channels: int, num_layers: int, outputs: int, kernel_size: int = 3, dropout: float = 0.0,
-                 **kwargs):
+                 output_bias: float = 0.0, **kwargs):
         super().__init__(**kwargs)
+        self.output_bias = output_bias  # the head's initial bias: what the stack says before it has learned
         self.channels = channels
         self.num_layers = num_layers
         self.outputs = outputs
@@ -240,7 +241,8 @@ class ConvStack(keras.layers.Layer):
         ]
         self.norms = [keras.layers.LayerNormalization(epsilon=1e-5, name=f"norm_{i}") for i in range(num_layers)]
         self.conv_dropout = keras.layers.Dropout(dropout)
-        self.head = keras.layers.Dense(outputs, dtype="float32", name="head")
+        self.head = keras.layers.Dense(outputs, dtype="float32", name="head",
+                                       bias_initializer=keras.initializers.Constant(output_bias))
 
     def build(self, input_shape):
         width = input_shape[-1]
@@ -260,5 +262,5 @@ class ConvStack(keras.layers.Layer):
     def get_config(self):
         config = super().get_config()
         config.update(channels=self.channels, num_layers=self.num_layers, outputs=self.outputs,
-                      kernel_size=self.kernel_size, dropout=self.dropout)
+                      kernel_size=self.kernel_size, dropout=self.dropout, output_bias=self.output_bias)
         return config

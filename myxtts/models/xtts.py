@@ -26,6 +26,8 @@ XLA-compiled step sees one program per bucket. Outputs are float32 whatever the 
 
 from __future__ import annotations
 
+import math
+
 import keras
 import tensorflow as tf
 
@@ -74,8 +76,10 @@ class XTTS(keras.Model):
         self.text_norm = keras.layers.LayerNormalization(epsilon=1e-5, name="text_norm")
         self.frame_classifier = ConvStack(spec.aligner_channels, spec.aligner_layers, vocab_size, kernel_size=5,
                                           name="frame_classifier")
+        # Starts at log(1 + 4): a phoneme lasts about 4 frames (the demo corpus: 4.3 per symbol), so even
+        # an untrained model speaks each token audibly instead of skipping it.
         self.duration_predictor = ConvStack(spec.duration_channels, 2, 1, kernel_size=3, dropout=spec.dropout,
-                                            name="duration_predictor")
+                                            output_bias=math.log1p(4.0), name="duration_predictor")
         self.decoder_input = keras.layers.Dense(d, name="decoder_input")
         self.decoder_blocks = [
             ConvBlock(d, spec.decoder_kernel, dilation, spec.dropout, name=f"decoder_{i}")
@@ -142,11 +146,11 @@ class XTTS(keras.Model):
         tokens = tf.convert_to_tensor(tokens)
         length = tf.shape(tokens)[1]
         valid = tf.sequence_mask(text_length, length)  # [B, L]
-        mask = tf.cast(valid, self.compute_dtype)[:, :, None]
-        x = (self.text_embedding(tokens) + sinusoidal_positions(length, self.spec.d_model, self.compute_dtype)[None]) * mask
+        mask = tf.expand_dims(tf.cast(valid, self.compute_dtype), 2)
+        x = (self.text_embedding(tokens) + tf.expand_dims(sinusoidal_positions(length, self.spec.d_model, self.compute_dtype), 0)) * mask
         x = self._blocks(self.text_blocks, x, training, keep=mask)
-        x = self._blocks(self.text_attention, x, training, attention_mask=valid[:, None, :])
-        return (self.text_norm(x) + tf.cast(voice, self.compute_dtype)[:, None, :]) * mask
+        x = self._blocks(self.text_attention, x, training, attention_mask=tf.expand_dims(valid, 1))
+        return (self.text_norm(x) + tf.expand_dims(tf.cast(voice, self.compute_dtype), 1)) * mask
 
     def alignment_scores(self, mel, mel_length, tokens, text_length, training=False):
         """[B, T, L] float32: log P(frame t says token j) from the frame classifier, plus the prior."""
@@ -161,7 +165,7 @@ class XTTS(keras.Model):
     def decode_frames(self, text, index, mel_length, training=False):
         """mel [B, frames, n_mels] float32 where frame t speaks token index[b, t] of text [B, L, d]."""
         frames = tf.shape(index)[1]
-        mask = tf.sequence_mask(mel_length, frames, dtype=self.compute_dtype)[:, :, None]
+        mask = tf.expand_dims(tf.sequence_mask(mel_length, frames, dtype=self.compute_dtype), 2)
         length = tf.shape(text)[1]
         x = tf.gather(text, tf.minimum(index, length - 1), batch_dims=1) * mask  # [B, frames, d]
         x = self._blocks(self.decoder_blocks, self.decoder_input(x) * mask, training, keep=mask)
@@ -181,7 +185,7 @@ class XTTS(keras.Model):
     def predict_log_durations(self, text, text_length, training=False):
         """[B, L] float32: log(1 + frames) per token. Reads the text encoding without training it:
         the encoder learns from the mel loss alone, the predictor learns to read it."""
-        mask = tf.sequence_mask(text_length, tf.shape(text)[1], dtype=self.compute_dtype)[:, :, None]
+        mask = tf.expand_dims(tf.sequence_mask(text_length, tf.shape(text)[1], dtype=self.compute_dtype), 2)
         return self.duration_predictor(tf.stop_gradient(text), mask, training=training)[..., 0]
 
     def _blocks(self, blocks, x, training, **call_kwargs):

@@ -1,14 +1,20 @@
 """Optimizers and learning-rate schedules, built from `training.*` keys.
 
-AdamW uses Keras' own warmup + cosine decay schedule. Prodigy estimates its own step size, so it
-gets the same shape of schedule scaled to `learning_rate` (1.0 is the intended value). Keras
-evaluates schedules on micro-steps when accumulating gradients, so the schedule is stretched by the
-accumulation factor to stay in optimizer updates.
+The rate warms up linearly, holds, then decays along a cosine to a tenth of its peak over the last
+`training.lr_decay_fraction` of the run (1.0: decay from the end of warmup on, Keras' CosineDecay
+with warmup; `WarmupHoldDecay` equals it there, tested). Holding the peak for most of a short run
+and decaying at the end learned the demo faster than decaying all along (BENCHMARKS.md). Prodigy
+estimates its own step size, so it gets the same shape scaled to `learning_rate` (1.0 is the
+intended value). Keras evaluates schedules on micro-steps when accumulating gradients, so the
+schedule is stretched by the accumulation factor to stay in optimizer updates.
 """
 
 from __future__ import annotations
 
+import math
+
 import keras
+import tensorflow as tf
 
 from myxtts.config import TrainingConfig
 from myxtts.training.prodigy import Prodigy
@@ -16,13 +22,30 @@ from myxtts.training.prodigy import Prodigy
 
 def learning_rate_schedule(t: TrainingConfig, accumulation: int) -> keras.optimizers.schedules.LearningRateSchedule:
     warmup = min(t.warmup_steps, t.max_steps - 1) * accumulation
-    return keras.optimizers.schedules.CosineDecay(
-        initial_learning_rate=0.0 if warmup else t.learning_rate,
-        warmup_target=t.learning_rate if warmup else None,
-        warmup_steps=warmup,
-        decay_steps=max(t.max_steps * accumulation - warmup, 1),
-        alpha=0.1,  # end at a tenth of the peak rather than zero: fine-tuning runs are often extended
-    )
+    total = max(t.max_steps * accumulation, 1)
+    return WarmupHoldDecay(t.learning_rate, warmup, total, decay_steps=math.ceil((total - warmup) * t.lr_decay_fraction))
+
+
+@keras.saving.register_keras_serializable(package="myxtts")
+class WarmupHoldDecay(keras.optimizers.schedules.LearningRateSchedule):
+    """0 -> `peak` linearly over `warmup_steps`, `peak` until `decay_steps` before `total_steps`, then
+    a cosine down to `alpha * peak` at `total_steps` (and after). Written here because Keras'
+    CosineDecay has no hold: it starts decaying right after the warmup."""
+
+    def __init__(self, peak: float, warmup_steps: int, total_steps: int, decay_steps: int, alpha: float = 0.1):
+        self.peak, self.warmup_steps, self.total_steps = float(peak), int(warmup_steps), int(total_steps)
+        self.decay_steps, self.alpha = max(int(decay_steps), 1), float(alpha)
+
+    def __call__(self, step):
+        step = tf.cast(step, tf.float32)
+        warm = self.peak * step / max(self.warmup_steps, 1)
+        progress = tf.clip_by_value((step - (self.total_steps - self.decay_steps)) / self.decay_steps, 0.0, 1.0)
+        decayed = self.peak * (self.alpha + (1.0 - self.alpha) * 0.5 * (1.0 + tf.cos(math.pi * progress)))
+        return tf.where(step < self.warmup_steps, warm, decayed)
+
+    def get_config(self):
+        return {"peak": self.peak, "warmup_steps": self.warmup_steps, "total_steps": self.total_steps,
+                "decay_steps": self.decay_steps, "alpha": self.alpha}
 
 
 def build_optimizer(t: TrainingConfig, accumulation: int) -> keras.optimizers.Optimizer:
