@@ -20,6 +20,7 @@ Hooks used through this module:
     uses_weight_decay             Optimizer._use_weight_decay          training/prodigy.py
     maybe_merge_call              tf.__internal__...maybe_merge_call   training/prodigy.py
     time_batch_fetches            how Keras' TF trainer steps an iterator (see its docstring)
+    frozen_function               convert_to_constants.convert_variables_to_constants_v2  export_tflite.py
 
 Methods our subclasses override (checked by `check_versions`, listed in `OVERRIDDEN`):
 `keras.Model._maybe_symbolic_build` (training/step.py) and `Optimizer._backend_update_step`,
@@ -274,3 +275,18 @@ def time_batch_fetches(model) -> BatchFetchClock:
     model.make_train_function = make_train_function
     model.train_function = None  # built again, wrapped, by the next fit
     return clock
+
+
+def frozen_function(concrete_function):
+    """`concrete_function` with its variables folded in as constants.
+
+    The TFLite converter of TensorFlow 2.21 keeps Keras 3 variables as resource variables that its
+    interpreter never initializes: a converted Conv1D read garbage (measured). A frozen function has
+    none. TensorFlow exposes the freezing only under tensorflow.python.
+    """
+    try:
+        from tensorflow.python.framework.convert_to_constants import convert_variables_to_constants_v2
+    except ImportError as error:  # pragma: no cover - depends on the installed TensorFlow
+        raise CompatibilityError(f"convert_variables_to_constants_v2 is gone from this TensorFlow ({error}); "
+                                 f"TFLite export was verified on TensorFlow {', '.join(TESTED_TENSORFLOW)}") from None
+    return convert_variables_to_constants_v2(concrete_function)

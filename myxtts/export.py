@@ -1,0 +1,96 @@
+"""From a trained run to files that serve without this package: a SavedModel, and a TFLite model.
+
+    <out>/                 SavedModel (Keras 3 `ExportArchive`), loadable by `tf.saved_model.load`,
+                           TF Serving or any TensorFlow runtime; no `myxtts` import, no Python code
+      assets/vocab.txt     the run's tokens, one per line: a token's id is its line number from 0
+      assets/settings.json the audio settings (sample rate, mel bands, hop, ...) and the text front end
+    <out>/model.tflite     with --tflite: text tokens + reference mel -> mel and audio, built-in ops only
+
+Endpoints of the SavedModel:
+
+    reference_mel(wav_bytes: string [])          -> {"mel": [R, n_mels], "length": int32 []}
+    tokenize(phonemes: string [])                -> {"tokens": int32 [L]}
+    synthesize(tokens: int32 [L], reference_mel: [N, R, n_mels], reference_length: int32 [N],
+               max_frames: int32 [])             -> {"audio": [samples], "mel": [frames, n_mels]}
+
+`reference_mel` reads a WAV file's bytes (any rate in `audio.SUPPORTED_RATES`, any channel count),
+so a client needs no feature code; several references of one voice are stacked and averaged, as
+`utilities/synthesize.py` does. `tokenize` takes the model text as training saw it: for the phoneme
+front end, espeak-ng's phonemes with "|" between phonemes (`myxtts.data.phonemes.model_text`), which
+a client makes with espeak-ng itself; the characters front end takes the text.
+
+There is no decoding loop to put in the graph: the model is not autoregressive (`models/xtts.py`),
+so a sentence is one parallel pass, the same computation as `models.inference.generate`, followed by
+the same Griffin-Lim (`models.griffin_lim`, 32 iterations, seed 0) as `utilities/synthesize.py`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import keras
+import tensorflow as tf
+
+from myxtts.data.pipeline import reference_log_mel_of_bytes
+from myxtts.data.text import tokenize
+from myxtts.models.griffin_lim import log_mel_to_audio
+from myxtts.models.inference import synthesize_tokens
+from myxtts.models.synthesizer import Synthesizer
+
+SETTINGS_KEYS = ("sample_rate", "n_mels", "n_fft", "hop_length", "win_length", "fmin", "mel_fmax", "mel_scale",
+                 "power", "log_floor", "reference_duration_s", "text_frontend", "language")
+
+
+def export_run(run_dir: str | os.PathLike, out_dir: str | os.PathLike, checkpoint: str | None = None,
+               tflite: bool = False, echo=print) -> dict:
+    """Write the SavedModel (and with `tflite` the TFLite file) of a run; returns what was written."""
+    synthesizer = Synthesizer.from_run(run_dir, checkpoint)
+    network, d, vocabulary = synthesizer.network, synthesizer.config.data, synthesizer.vocabulary
+    table = vocabulary.lookup_table()
+    n_mels = d.n_mels
+
+    @tf.function(input_signature=[tf.TensorSpec([], tf.string)])
+    def reference_mel(wav_bytes):
+        mel, length = reference_log_mel_of_bytes(wav_bytes, d, source="wav_bytes")
+        return {"mel": mel, "length": tf.cast(length, tf.int32)}
+
+    @tf.function(input_signature=[tf.TensorSpec([], tf.string)])
+    def tokenize_text(model_text):
+        return {"tokens": tokenize(model_text, table, frontend=d.text_frontend)}
+
+    @tf.function(input_signature=[
+        tf.TensorSpec([None], tf.int32), tf.TensorSpec([None, None, n_mels], tf.float32),
+        tf.TensorSpec([None], tf.int32), tf.TensorSpec([], tf.int32)])
+    def synthesize(tokens, reference_mel, reference_length, max_frames):
+        mel, length = synthesize_tokens(network, tf.expand_dims(tokens, 0), reference_mel, reference_length, max_frames)
+        mel = mel[0, : length[0]]
+        return {"audio": log_mel_to_audio(mel, d), "mel": mel}
+
+    out = Path(out_dir)
+    if out.exists():
+        shutil.rmtree(out)
+    archive = keras.export.ExportArchive()
+    archive.track(network)
+    archive.track(table)
+    archive.add_endpoint("reference_mel", reference_mel)
+    archive.add_endpoint("tokenize", tokenize_text)
+    archive.add_endpoint("synthesize", synthesize)
+    archive.write_out(str(out), verbose=False)
+    assets = out / "assets"
+    assets.mkdir(exist_ok=True)
+    vocabulary.save(assets / "vocab.txt")
+    settings = {key: getattr(d, key) for key in SETTINGS_KEYS}
+    (assets / "settings.json").write_text(json.dumps(settings, indent=2) + "\n", encoding="utf-8")
+    written = {"saved_model": str(out)}
+    echo(f"wrote the SavedModel {out} (endpoints reference_mel, tokenize, synthesize)")
+    if tflite:
+        from myxtts.export_tflite import convert
+
+        path = out / "model.tflite"
+        path.write_bytes(convert(network, d))
+        written["tflite"] = str(path)
+        echo(f"wrote {path} ({path.stat().st_size / 2**20:.1f} MiB, built-in ops only)")
+    return written

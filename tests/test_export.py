@@ -1,0 +1,100 @@
+"""Export (myxtts/export.py, utilities/export_model.py): the SavedModel and the TFLite model of a
+trained tiny run speak as utilities/synthesize.py does, loaded in a process that never imports myxtts."""
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from myxtts.config import load_config
+from myxtts.data.phonemes import model_text
+from myxtts.models.synthesizer import Synthesizer
+from myxtts.training.trainer import train
+from utilities import export_model
+
+TEXT = "Hello there."
+
+# The client a user would write: TensorFlow only. It prints the modules it ended up importing.
+CLIENT = textwrap.dedent("""
+    import json, sys
+    import numpy as np
+    import tensorflow as tf
+    out, wav, phonemes, tflite = sys.argv[1:5]
+    model = tf.saved_model.load(out)
+    reference = model.reference_mel(tf.io.read_file(wav))
+    tokens = model.tokenize(tf.constant(phonemes))["tokens"]
+    spoken = model.synthesize(tokens=tokens, reference_mel=reference["mel"][None],
+                              reference_length=reference["length"][None], max_frames=tf.constant(2000))
+    result = {"tokens": tokens.numpy(), "saved_audio": spoken["audio"].numpy(), "saved_mel": spoken["mel"].numpy()}
+    if tflite == "1":
+        lite = tf.lite.Interpreter(model_path=out + "/model.tflite")
+        inputs = {"tokens": tokens.numpy(), "reference_mel": reference["mel"].numpy()[None],
+                  "reference_length": reference["length"].numpy()[None], "max_frames": np.array(2000, np.int32)}
+        for detail in lite.get_input_details():
+            lite.resize_tensor_input(detail["index"], inputs[detail["name"]].shape)
+        lite.allocate_tensors()
+        for detail in lite.get_input_details():
+            lite.set_tensor(detail["index"], inputs[detail["name"]])
+        lite.invoke()
+        audio, mel = (lite.get_tensor(detail["index"]) for detail in lite.get_output_details())
+        result.update(lite_audio=audio, lite_mel=mel)
+    np.savez(out + "/client.npz", **result)
+    print(json.dumps(sorted(m for m in sys.modules if m.split(".")[0] == "myxtts")))
+""")
+
+
+@pytest.fixture(scope="module")
+def exported(demo_corpus, tmp_path_factory):
+    root = tmp_path_factory.mktemp("export")
+    config = load_config(overrides=[
+        f"data.train_data={demo_corpus}", "model.size=tiny", "data.batch_size=4", "data.max_duration_s=6.0",
+        "data.bucket_boundaries_s=[3.0, 6.0]", "training.precision=fp32", "training.enable_xla_compilation=false",
+        "training.max_steps=3", "training.warmup_steps=1", "training.log_samples=false", "training.wer_sentences=0",
+    ])
+    train(config, root / "run", echo=lambda message: None)
+    assert export_model.main(["--run", str(root / "run"), "--out", str(root / "exported"), "--tflite"]) == 0
+    return root / "run", root / "exported"
+
+
+def test_the_exported_models_speak_as_synthesize_does_without_myxtts(exported, demo_corpus):
+    run, out = exported
+    reference = str(sorted((demo_corpus / "wavs").glob("*.wav"))[0])
+    synthesizer = Synthesizer.from_run(run)
+    d = synthesizer.config.data
+    audio, mel = synthesizer.synthesize(TEXT, [reference])
+    phonemes = model_text(TEXT, d.text_frontend, d.language)
+
+    completed = subprocess.run([sys.executable, "-c", CLIENT, str(out), reference, phonemes, "1"],
+                               capture_output=True, text=True, timeout=300)
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    assert json.loads(completed.stdout.strip().splitlines()[-1]) == []  # the client never imported myxtts
+    client = np.load(out / "client.npz")
+
+    assert client["tokens"].tolist() == synthesizer.vocabulary.encode(phonemes, d.text_frontend)
+    # The SavedModel runs the same operations as synthesize.py, in one graph instead of eagerly:
+    # equal up to float32 rounding of the same arithmetic.
+    np.testing.assert_allclose(client["saved_mel"], mel.numpy(), atol=1e-4)
+    np.testing.assert_allclose(client["saved_audio"], audio.numpy(), atol=1e-4)
+    # TFLite runs Griffin-Lim as DFT matrix products instead of FFTs (export_tflite.py): another
+    # order of the same float32 sums, whose rounding 32 iterations carry into the phase. Stated
+    # tolerance: the waveforms agree to 40 dB signal-to-difference, the mels to 1e-4.
+    np.testing.assert_allclose(client["lite_mel"], mel.numpy(), atol=1e-4)
+    reference_audio = audio.numpy()
+    assert client["lite_audio"].shape == reference_audio.shape
+    difference = np.sum((client["lite_audio"] - reference_audio) ** 2) / np.sum(reference_audio ** 2)
+    assert 10 * np.log10(1.0 / max(difference, 1e-30)) >= 40.0, difference
+
+
+def test_the_assets_hold_the_vocabulary_and_audio_settings(exported):
+    run, out = exported
+    assert (out / "assets" / "vocab.txt").read_text(encoding="utf-8") == (run / "vocab.txt").read_text(encoding="utf-8")
+    settings = json.loads((out / "assets" / "settings.json").read_text())
+    assert settings["sample_rate"] == 22050 and settings["n_mels"] == 80 and settings["text_frontend"] == "phonemes"
+
+
+def test_export_of_a_folder_that_is_not_a_run_is_a_clear_error(tmp_path, capsys):
+    assert export_model.main(["--run", str(tmp_path / "nothing"), "--out", str(tmp_path / "out")]) == 2
+    assert "not a MyXTTS run folder" in capsys.readouterr().err
