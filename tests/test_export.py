@@ -80,12 +80,13 @@ def test_the_exported_models_speak_as_synthesize_does_without_myxtts(exported, d
     np.testing.assert_allclose(client["saved_audio"], audio.numpy(), atol=1e-4)
     # TFLite runs Griffin-Lim as DFT matrix products instead of FFTs (export_tflite.py): another
     # order of the same float32 sums, whose rounding 32 iterations carry into the phase. Stated
-    # tolerance: the waveforms agree to 40 dB signal-to-difference, the mels to 1e-4.
+    # tolerance: the waveforms agree to 60 dB signal-to-difference (measured: 87.5 dB on this run),
+    # the mels to 1e-4 (measured: 6e-6).
     np.testing.assert_allclose(client["lite_mel"], mel.numpy(), atol=1e-4)
     reference_audio = audio.numpy()
     assert client["lite_audio"].shape == reference_audio.shape
     difference = np.sum((client["lite_audio"] - reference_audio) ** 2) / np.sum(reference_audio ** 2)
-    assert 10 * np.log10(1.0 / max(difference, 1e-30)) >= 40.0, difference
+    assert 10 * np.log10(1.0 / max(difference, 1e-30)) >= 60.0, difference
 
 
 def test_the_assets_hold_the_vocabulary_and_audio_settings(exported):

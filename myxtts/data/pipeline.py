@@ -238,6 +238,10 @@ class Epochs:
         features = {k: v for k, v in example.items() if k != "clip"}
         return {**features, "reference_mel": reference, "reference_length": reference_length}
 
+    def in_order(self) -> tf.data.Dataset:
+        """Every clip's features in manifest order with the seed's references: no cache, no shuffle, no batching."""
+        return self._features(self._rows()).map(lambda ex: self._with_reference(ex, tf.constant(self.seed, tf.int64)))
+
     def _finish(self, ds: tf.data.Dataset) -> tf.data.Dataset:
         c = self.data
         ds = ds.with_options(dataset_options(c, self.training, ordered=self.ordered))
@@ -249,8 +253,7 @@ def first_batch(config: Config, rows: list[Utterance], vocabulary: Vocabulary) -
     clips fill no batch. Decodes only what one batch needs: no cache, no shuffle."""
     c = dataclasses.replace(config.data, cache_features=False)
     epochs = Epochs(dataclasses.replace(config, data=c), rows, training=False, vocabulary=vocabulary)
-    ds = epochs._features(epochs._rows())
-    ds = ds.map(lambda ex: epochs._with_reference(ex, tf.constant(config.seed, tf.int64)))
+    ds = epochs.in_order()
     return next(iter(batch_by_bucket(ds, c, epochs.batch_size, drop_remainder=True).take(1)), None)
 
 

@@ -120,7 +120,7 @@ class ResidualBlock(keras.layers.Layer):
         dropout, by `keras.utils.set_random_seed`)."""
         return self.residual_dropout.seed_generator.next()
 
-    def _dropout(self, x, training, seed, index: int):
+    def apply_dropout(self, x, training, seed, index: int):
         if seed is None:
             return self.residual_dropout(x, training=training)
         if not training or self.dropout == 0.0:
@@ -170,9 +170,9 @@ class TransformerBlock(ResidualBlock):
             attended = self.attention(normed, self.context_norm(context), attention_mask=attention_mask)
         else:
             attended = self.attention(normed, attention_mask=attention_mask)
-        x = x + self._dropout(attended, training, dropout_seed, 0)
+        x = x + self.apply_dropout(attended, training, dropout_seed, 0)
         hidden = self.ff_out(self.ff_in(self.ff_norm(x)))
-        return x + self._dropout(hidden, training, dropout_seed, 1)
+        return x + self.apply_dropout(hidden, training, dropout_seed, 1)
 
     def get_config(self):
         config = super().get_config()
@@ -211,7 +211,7 @@ class ConvBlock(ResidualBlock):
         """x [B, T, d], keep [B, T, 1] (1.0 on valid steps, in x's dtype). Not called `mask`: Keras
         treats an argument of that name as its own mask propagation."""
         hidden = self.projection(self.conv(self.norm(x) * keep))
-        return (x + self._dropout(hidden, training, dropout_seed, 0)) * keep
+        return (x + self.apply_dropout(hidden, training, dropout_seed, 0)) * keep
 
     def get_config(self):
         config = super().get_config()
