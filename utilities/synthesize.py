@@ -32,7 +32,7 @@ def main(argv=None) -> int:
     try:
         synthesizer = Synthesizer.from_run(run_dir, None if run.is_dir() else str(run))
         result = synthesizer.synthesize_to_file(args.text, args.reference, args.out)
-        if args.benchmark:  # the first call traced and compiled the decoding loop; time a warm one
+        if args.benchmark:  # the first call traced the synthesis graph; time a warm one
             result = synthesizer.synthesize_to_file(args.text, args.reference, args.out)
     except (FileNotFoundError, ValueError, CheckpointError) as error:
         print(f"error: {error}", file=sys.stderr)
