@@ -132,7 +132,7 @@ def main(argv=None) -> int:
     stopped = f"stopped by {result.interrupted_by}" if result.interrupted_by else "finished"
     print(f"{stopped} at step {result.step}; run folder: {workdir}", file=sys.stderr)
     if args.demo and result.step > 0:
-        from myxtts.models.synthesizer import validation_sample
+        from myxtts.synthesis import validation_sample
 
         sample = validation_sample(workdir, workdir / "demo_sample.wav")
         print(

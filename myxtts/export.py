@@ -38,7 +38,7 @@ from myxtts.data.pipeline import reference_log_mel_of_bytes
 from myxtts.data.text import tokenize
 from myxtts.models.griffin_lim import log_mel_to_audio
 from myxtts.models.inference import synthesize_tokens
-from myxtts.models.synthesizer import Synthesizer
+from myxtts.synthesis import Synthesizer
 
 SETTINGS_KEYS = ("sample_rate", "n_mels", "n_fft", "hop_length", "win_length", "fmin", "mel_fmax", "mel_scale",
                  "power", "log_floor", "reference_duration_s", "text_frontend", "language")

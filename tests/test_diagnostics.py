@@ -395,10 +395,11 @@ def test_cli_end_to_end_on_the_tiny_model(tmp_path, corpus, capsys, monkeypatch)
     from myxtts.diagnostics import training_setup
 
     corpus_dir, _, _ = corpus
-    # Every batch the CLI's pipeline delivers waits 0.4 s on a "slow disk", on the consumer's thread:
-    # several times the tiny step, so exactly one verdict is right (input-bound) on any load.
+    # Every batch the CLI's pipeline delivers waits 0.7 s on a "slow disk", on the consumer's thread:
+    # several times the tiny step (which ran up to ~250 ms on the loaded 2-core machine, and the
+    # prefetched batch is fetched while it runs), so exactly one verdict is right (input-bound).
     def slow_disk(mel):
-        time.sleep(0.4)
+        time.sleep(0.7)
         return mel
 
     def slow_batches(config, rows, **kwargs):

@@ -11,7 +11,7 @@ import pytest
 
 from myxtts.config import load_config
 from myxtts.data.phonemes import model_text
-from myxtts.models.synthesizer import Synthesizer
+from myxtts.synthesis import Synthesizer
 from myxtts.training.trainer import train
 from utilities import export_model
 

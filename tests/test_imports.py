@@ -34,3 +34,11 @@ def test_the_probe_parent_loads_no_training_or_model_code():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == "[]"
+
+
+def test_models_import_nothing_from_training():
+    upward = [f"{path.relative_to(ROOT)}:{line} imports {module}"
+              for path in sorted((ROOT / "myxtts" / "models").glob("*.py"))
+              for line, module in _imported_modules(path)
+              if module.startswith(("myxtts.training", "myxtts.diagnostics", "myxtts.evaluation"))]
+    assert upward == [], "\n".join(upward)

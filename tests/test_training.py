@@ -11,6 +11,7 @@ from myxtts import config as config_lib
 from myxtts.config import load_config
 from myxtts.data.manifest import Utterance, read_manifest
 from myxtts.data.pipeline import build_dataset, build_vocabulary
+from myxtts.models.losses import LOSS_NAMES
 from myxtts.models.xtts import network_for
 from myxtts.training.step import TrainingModel
 from myxtts.training.run_folder import prepare_text
@@ -125,7 +126,7 @@ def test_fp16_loss_scaling_step_matches_float32(setup):
     # Twice float16's unit roundoff (2**-11): the losses are means and the gradient norm a root of a
     # sum over every weight, where roundings mostly cancel (measured: at most 2.5e-4 relative). A
     # gradient norm reported before unscaling would be loss_scale (32768) times too large.
-    for name in ("loss", "text_loss", "mel_loss", "stop_loss", "grad_norm"):
+    for name in (*LOSS_NAMES, "grad_norm"):
         np.testing.assert_allclose(fp16[name], fp32[name], rtol=2 * 2.0**-11, err_msg=name)
 
 
@@ -369,11 +370,11 @@ def tiny_run(demo_corpus, tmp_path_factory):
 
 
 def _manifest_with_a_new_token(corpus, path):
-    """The demo rows, each phoneme string ending in NEW_TOKEN (so the training split surely holds it)."""
+    """The demo rows, each phoneme string ending in a word of NEW_TOKEN (so the training split surely holds it)."""
     import json
 
     lines = [json.dumps({"audio_path": u.audio_path, "text": u.text, "speaker": u.speaker, "duration": u.duration_s,
-                         "phonemes": u.phonemes + NEW_TOKEN, "language": u.language}, ensure_ascii=False)
+                         "phonemes": u.phonemes + " " + NEW_TOKEN, "language": u.language}, ensure_ascii=False)
              for u in read_manifest(corpus)]
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return path

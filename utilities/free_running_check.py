@@ -39,7 +39,7 @@ def main(argv=None) -> int:
 
     from myxtts.evaluation.intelligibility import IntelligibilityScorer, skip_reason
     from myxtts.evaluation.speech import HeldOutSentences, alignment_errors, recordings_wer
-    from myxtts.models.synthesizer import Synthesizer
+    from myxtts.synthesis import Synthesizer
     from myxtts.training.checkpoints import CheckpointError
     from myxtts.training.trainer import load_splits, prepare_text
 
@@ -50,7 +50,8 @@ def main(argv=None) -> int:
         return 2
     config, network = synthesizer.config, synthesizer.network
     train_rows, val_rows = load_splits(config)
-    train_rows, val_rows, _ = prepare_text(config, Path(args.run), train_rows, val_rows)
+    text = prepare_text(config, Path(args.run), train_rows, val_rows)
+    train_rows, val_rows = text.train_rows, text.val_rows
     rows = val_rows[: args.sentences] if args.sentences else val_rows
     sentences = HeldOutSentences.from_rows(rows, train_rows, synthesizer.vocabulary, config)
     report = {"run": str(args.run), "sentences": len(rows)}

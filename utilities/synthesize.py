@@ -24,7 +24,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from myxtts.models.synthesizer import Synthesizer
+    from myxtts.synthesis import Synthesizer
     from myxtts.training.checkpoints import CheckpointError
 
     run = Path(args.checkpoint)

@@ -1,6 +1,7 @@
 """From a trained run to audio: load config, vocabulary and checkpoint; text + reference -> WAV.
 
-Used by utilities/synthesize.py and by the trainer's validation samples. Features and tokens go
+Used by utilities/synthesize.py, export.py and train_main's closing sample. It reads run folders and
+checkpoints, so it sits above `myxtts.models` and `myxtts.training` (models import neither). Features and tokens go
 through the same functions as training (`phonemes.model_text` with the run's data.text_frontend and
 data.language, `reference_log_mel`, `tokenize`), so inference sees exactly what the model was trained on.
 """
