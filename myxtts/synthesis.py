@@ -39,7 +39,7 @@ class Synthesizer:
             raise FileNotFoundError(f"{run_dir} is not a MyXTTS run folder (no config.yaml); pass the --output-dir of a training run")
         config = load_run_config(run_dir / "config.yaml")
         vocabulary = Vocabulary.load(run_dir / "vocab.txt")
-        network = network_for(config, len(vocabulary))
+        network = network_for(config, len(vocabulary), vocabulary.word_boundary_id)
         network.build()
         path = checkpoint or find_checkpoint(run_dir)
         restore_network(network, path)

@@ -64,7 +64,8 @@ def _numpy(outputs):
 def test_outputs_have_exact_shapes_and_float32(model):
     batch = make_batch()
     outputs = model(batch)
-    assert set(outputs) == {"mel", "mel_target", "mel_target_length", "alignment_scores", "durations", "log_durations"}
+    assert set(outputs) == {"mel", "mel_target", "mel_target_length", "alignment_scores", "aligned_length", "durations",
+                            "log_durations"}
     assert outputs["mel"].shape == (2, 32, N_MELS) and outputs["mel_target"] is batch["mel"]
     assert outputs["alignment_scores"].shape == (2, 32, 16)
     assert outputs["durations"].shape == (2, 16) and outputs["durations"].dtype == tf.int32
@@ -176,6 +177,29 @@ def test_a_decoder_window_decodes_one_stretch_of_each_clip_as_the_whole_clip_wou
     assert len(starts) > 1, "every draw took the same window"
 
 
+def test_the_silent_token_gets_no_frames_and_the_others_share_the_clip():
+    batch = make_batch()
+    silent = 3
+    tokens = batch["tokens"].numpy()
+    tokens[0, [2, 5, 9]] = silent  # word spaces inside the first sentence
+    tokens[1, 4] = silent
+    batch = {**batch, "tokens": tf.constant(tokens)}
+    keras.utils.set_random_seed(0)
+    model = XTTS(vocab_size=VOCAB, n_mels=N_MELS, size="tiny", silent_token=silent)
+    outputs = _numpy(model(batch))
+    durations = outputs["durations"]
+    np.testing.assert_array_equal(outputs["aligned_length"], [13, 8])
+    assert durations.sum(axis=1).tolist() == [32, 19]  # every frame on a sounding token
+    assert (durations[tokens == silent] == 0).all()
+    sounding = (tokens != silent) & (np.arange(16)[None] < np.array([16, 9])[:, None])
+    assert (durations[sounding] >= 1).all() and (durations[~sounding] == 0).all()
+    # The scores are over the sounding tokens packed in order: the first row's token 3 is its 3rd.
+    packed = [t for t in tokens[0] if t != silent]
+    expected = model.alignment_scores(batch["mel"][:1], batch["mel_length"][:1], tf.constant([packed]), tf.constant([13]))
+    np.testing.assert_allclose(outputs["alignment_scores"][0, :, :13], expected.numpy()[0], atol=1e-5)
+    assert np.isfinite(compute_losses(batch, model(batch))["align_loss"].numpy())
+
+
 def test_losses_ignore_padding_content_and_padding_length(model):
     batch = make_batch()
     expected = _per_example_losses(model, batch)
@@ -228,6 +252,7 @@ def test_losses_match_a_numpy_reference():
         "log_durations": tf.constant(rng.normal(1, 0.5, (2, 16)), tf.float32),
         "mel_target": batch["mel"],
         "mel_target_length": batch["mel_length"],
+        "aligned_length": batch["text_length"],
     }
     got = {k: v.numpy() for k, v in compute_losses(batch, outputs, per_example=True).items()}
     b = {k: v.numpy() for k, v in batch.items()}

@@ -45,7 +45,7 @@ def measure(corpus: str, size: str, mode: str, precision: str, batch_size: int, 
     dataset = build_dataset(config, rows, training=True, vocabulary=vocabulary)
     batch = next(iter(dataset))  # one real batch, reused: this measures compute, not input
     d = config.data
-    network = network_for(config, len(vocabulary))
+    network = network_for(config, len(vocabulary), vocabulary.word_boundary_id)
     model = TrainingModel(network, data_config=d)
     model.compile(optimizer=keras.optimizers.AdamW(1e-4), jit_compile=mode == "xla")
     model(batch)

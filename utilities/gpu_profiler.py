@@ -60,7 +60,8 @@ def main(argv: list[str] | None = None) -> int:
 
         prepared = prepare_run(config, echo=progress)
         sample = next(iter(prepared.dataset.take(1)))  # as train() builds its variables
-        setup = build_training_setup(prepared.config, len(prepared.vocabulary), prepared.policy, sample)
+        setup = build_training_setup(prepared.config, len(prepared.vocabulary), prepared.policy, sample,
+                                     silent_token=prepared.vocabulary.word_boundary_id)
         trace = capture_trace(prepared.dataset, setup.step, arguments.steps, logdir, progress=progress)
     except (ConfigError, ManifestError, FileNotFoundError) as error:
         print(f"error: {error}", file=sys.stderr)

@@ -83,6 +83,11 @@ class Vocabulary:
         self.symbols = list(symbols)
         self.tokens = list(SPECIAL_TOKENS) + self.symbols
 
+    @property
+    def word_boundary_id(self) -> int:
+        """The id of the space between words (a token with no sound of its own), -1 if there is none."""
+        return self.tokens.index(" ") if " " in self.tokens else -1
+
     def __len__(self) -> int:
         return len(self.tokens)
 

@@ -56,7 +56,8 @@ class TrainingSetup:
     step: CompiledStep
 
 
-def build_training_setup(config: Config, vocab_size: int, policy: str, sample_batch: dict) -> TrainingSetup:
+def build_training_setup(config: Config, vocab_size: int, policy: str, sample_batch: dict,
+                         silent_token: int = -1) -> TrainingSetup:
     """Network, optimizer and compiled step for a config whose automatic values are resolved.
 
     Sets the global Keras dtype policy to `policy`, as training does; `sample_batch`, a batch of
@@ -65,7 +66,7 @@ def build_training_setup(config: Config, vocab_size: int, policy: str, sample_ba
     t = config.training
     keras.config.set_dtype_policy(policy)
     keras.utils.set_random_seed(config.seed)
-    model = build_training_model(config, vocab_size, policy, sample_batch)
+    model = build_training_model(config, vocab_size, policy, sample_batch, silent_token=silent_token)
     optimizer = model.optimizer
 
     if t.enable_graph_mode:

@@ -140,8 +140,7 @@ def alignment_errors(network, rows: list[Utterance], vocabulary: Vocabulary, dat
         mel = audio.log_mel(samples, d)[None]
         tokens = tf.constant([vocabulary.encode(text, d.text_frontend)], tf.int32)
         mel_length, text_length = tf.shape(mel)[1:2], tf.shape(tokens)[1:2]
-        scores = network.alignment_scores(mel, mel_length, tokens, text_length)
-        durations = durations_of(viterbi_alignment(scores, mel_length, text_length))[0].numpy()
+        durations = network.align(mel, mel_length, tokens, text_length)[2][0].numpy()
         first_frame = np.concatenate([[0], np.cumsum(durations)[:-1]])
         for (token, _), (_, start) in zip(spoken[1:], truth[1:]):  # the first phoneme starts the trimmed clip
             truth_ms = (start - lead_in) / d.sample_rate * 1000.0

@@ -35,7 +35,7 @@ LOSS_NAMES = ("loss", "mel_loss", "align_loss", "duration_loss")
 def compute_losses(batch: dict, outputs: dict, *, per_example: bool = False) -> dict:
     """Losses of the model's `outputs` on `batch`: float32 scalars, or [B] vectors with `per_example`."""
     mel = mel_loss(outputs["mel_target"], outputs["mel_target_length"], outputs["mel"])
-    align = forward_sum_loss(outputs["alignment_scores"], batch["mel_length"], batch["text_length"])
+    align = forward_sum_loss(outputs["alignment_scores"], batch["mel_length"], outputs["aligned_length"])
     duration = duration_loss(outputs["durations"], outputs["log_durations"], batch["text_length"])
     losses = {
         "loss": mel + ALIGN_WEIGHT * align + DURATION_WEIGHT * duration,

@@ -43,7 +43,7 @@ class XTTS(keras.Model):
     """The network. `size` names a row of `MODEL_SIZES`; the vocabulary and mel bands come from the data."""
 
     def __init__(self, vocab_size: int, n_mels: int, size: str = "small", gradient_checkpointing: bool = False,
-                 decoder_window: int = 0, **kwargs):
+                 decoder_window: int = 0, silent_token: int = -1, **kwargs):
         super().__init__(**kwargs)
         spec = get_size(size)
         self.vocab_size = vocab_size
@@ -54,6 +54,10 @@ class XTTS(keras.Model):
         # those of the plain pass, dropout included (tests/test_model.py).
         self.gradient_checkpointing = gradient_checkpointing
         self.spec = spec
+        # The token with no sound of its own (the space between words; -1: none): the alignment
+        # skips it and gives it 0 frames. Aligned like a phoneme, its class became a catch-all that
+        # took whole words while the phonemes around it got a frame each (BENCHMARKS.md).
+        self.silent_token = silent_token
         # Training decodes one random window of this many frames per clip instead of the whole clip
         # (0 = whole clips). The decoder is convolutional with a receptive field of a few dozen
         # frames, so a window teaches it what a whole clip does, at a fraction of the cost: the
@@ -108,14 +112,13 @@ class XTTS(keras.Model):
         """Teacher-forced on the recording's own alignment. Returns float32
         mel [B, T, n_mels] and what it is compared with, mel_target and mel_target_length (the
         batch's mel, or with `decoder_window` in training one window of it per clip, [B, W, n_mels]);
-        alignment_scores [B, T, L], durations [B, L] (int32, from the recording), log_durations
-        [B, L] (the predictor's)."""
+        alignment_scores [B, T, L] over the sounding tokens (`align`) and their count aligned_length [B],
+        durations [B, L] (int32, from the recording; 0 for the silent token), log_durations [B, L]
+        (the predictor's)."""
         voice = self.voice(batch["reference_mel"], batch["reference_length"], training=training)
         text = self.encode_text(batch["tokens"], batch["text_length"], voice, training=training)
-        scores = self.alignment_scores(batch["mel"], batch["mel_length"], batch["tokens"], batch["text_length"],
-                                       training=training)
-        durations = alignment.durations_of(
-            alignment.viterbi_alignment(scores, batch["mel_length"], batch["text_length"]))
+        scores, aligned_length, durations = self.align(batch["mel"], batch["mel_length"], batch["tokens"],
+                                                       batch["text_length"], training=training)
         index = alignment.frame_tokens(durations, tf.shape(batch["mel"])[1])  # [B, T]
         target, target_length = batch["mel"], batch["mel_length"]
         if training and self.decoder_window:
@@ -125,6 +128,7 @@ class XTTS(keras.Model):
             "mel_target": target,
             "mel_target_length": target_length,
             "alignment_scores": scores,
+            "aligned_length": aligned_length,
             "durations": durations,
             "log_durations": self.predict_log_durations(text, batch["text_length"], training=training),
         }
@@ -151,6 +155,23 @@ class XTTS(keras.Model):
         x = self._blocks(self.text_blocks, x, training, keep=mask)
         x = self._blocks(self.text_attention, x, training, attention_mask=tf.expand_dims(valid, 1))
         return (self.text_norm(x) + tf.expand_dims(tf.cast(voice, self.compute_dtype), 1)) * mask
+
+    def align(self, mel, mel_length, tokens, text_length, training=False):
+        """The recording's alignment: (scores [B, T, L] of the sounding tokens, packed to the front;
+        their count [B]; durations [B, L] int32 of every token, 0 for `silent_token`)."""
+        length = tf.shape(tokens)[1]
+        positions = tf.range(length)[None]
+        sounding = (positions < text_length[:, None]) & (tokens != self.silent_token)  # [B, L]
+        # The sounding tokens' positions in order, first: sort keys put every other position after them.
+        order = tf.argsort(tf.where(sounding, positions, positions + length), axis=1, stable=True)  # [B, L]
+        count = tf.reduce_sum(tf.cast(sounding, tf.int32), axis=1)
+        packed = tf.where(positions < count[:, None], tf.gather(tokens, order, batch_dims=1), 0)
+        scores = self.alignment_scores(mel, mel_length, packed, count, training=training)
+        packed_durations = alignment.durations_of(alignment.viterbi_alignment(scores, mel_length, count))  # [B, L]
+        packed_durations = tf.where(positions < count[:, None], packed_durations, 0)
+        # Back to the tokens' own positions: order is a permutation, so a scatter is a sum of one-hots.
+        durations = tf.reduce_sum(tf.one_hot(order, length, dtype=tf.int32) * packed_durations[:, :, None], axis=1)
+        return scores, count, durations
 
     def alignment_scores(self, mel, mel_length, tokens, text_length, training=False):
         """[B, T, L] float32: log P(frame t says token j) from the frame classifier, plus the prior."""
@@ -203,12 +224,14 @@ class XTTS(keras.Model):
     def get_config(self):
         config = super().get_config()
         config.update(vocab_size=self.vocab_size, n_mels=self.n_mels, size=self.size,
-                      gradient_checkpointing=self.gradient_checkpointing, decoder_window=self.decoder_window)
+                      gradient_checkpointing=self.gradient_checkpointing, decoder_window=self.decoder_window,
+                      silent_token=self.silent_token)
         return config
 
 
-def network_for(config, vocab_size: int) -> XTTS:
-    """The network a run's config describes. Training, synthesis and the tools all build it here."""
+def network_for(config, vocab_size: int, silent_token: int = -1) -> XTTS:
+    """The network a run's config describes (`silent_token`: the vocabulary's `word_boundary_id`).
+    Training, synthesis and the tools all build it here."""
     return XTTS(vocab_size=vocab_size, n_mels=config.data.n_mels, size=config.model.size,
                 gradient_checkpointing=config.training.gradient_checkpointing,
-                decoder_window=config.training.decoder_window)
+                decoder_window=config.training.decoder_window, silent_token=silent_token)

@@ -207,7 +207,8 @@ def _fit(config: Config, policy: str, strategy, workdir: Path, text: RunText, so
             f"the {len(text.train_rows)} training clips do not fill one batch of {d.batch_size}: clips outside "
             f"data.min_duration_s / data.max_duration_s ({d.min_duration_s}-{d.max_duration_s} s) are dropped, and with "
             "data.bucketing each length bucket fills its own batches; lower data.batch_size (--batch-size) or add data")
-    model = build_training_model(config, len(text.vocabulary), policy, sample, strategy)
+    model = build_training_model(config, len(text.vocabulary), policy, sample, strategy,
+                                 silent_token=text.vocabulary.word_boundary_id)
     replicas = distribute.replicas(strategy)
     network, optimizer = model.network, model.optimizer
 
@@ -346,7 +347,7 @@ def _speech_check(config: Config, network, train_rows, val_rows, vocabulary, wor
 
 
 def build_training_model(config: Config, vocab_size: int, policy: str, sample_batch: dict,
-                         strategy: tf.distribute.Strategy | None = None) -> TrainingModel:
+                         strategy: tf.distribute.Strategy | None = None, silent_token: int = -1) -> TrainingModel:
     """Network, optimizer (accumulation; loss scaling under float16) and compile settings, with every
     variable created from one real batch. The caller has set the Keras dtype policy to `policy`.
 
@@ -356,7 +357,7 @@ def build_training_model(config: Config, vocab_size: int, policy: str, sample_ba
     t = config.training
     strategy = strategy or tf.distribute.get_strategy()
     with distribute.training_scope(strategy):
-        model = TrainingModel(network_for(config, vocab_size), data_config=config.data)
+        model = TrainingModel(network_for(config, vocab_size, silent_token), data_config=config.data)
         optimizer = build_optimizer(t, max(t.gradient_accumulation_steps, 1))
         if policy == "mixed_float16":
             optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
