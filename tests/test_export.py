@@ -74,19 +74,26 @@ def test_the_exported_models_speak_as_synthesize_does_without_myxtts(exported, d
     client = np.load(out / "client.npz")
 
     assert client["tokens"].tolist() == synthesizer.vocabulary.encode(phonemes, d.text_frontend)
-    # The SavedModel runs the same operations as synthesize.py, in one graph instead of eagerly:
-    # equal up to float32 rounding of the same arithmetic.
+    # The SavedModel runs the same operations as synthesize.py, in one optimized graph instead of
+    # eagerly: equal up to float32 rounding, which Griffin-Lim's 32 iterations carry into the phase
+    # (measured: mel within 1e-5, audio within 1.5e-4 per sample at peaks near 0.5). Stated tolerance:
+    # the mels to 1e-4, the waveforms to 60 dB signal-to-difference.
     np.testing.assert_allclose(client["saved_mel"], mel.numpy(), atol=1e-4)
-    np.testing.assert_allclose(client["saved_audio"], audio.numpy(), atol=1e-4)
+    assert client["saved_audio"].shape == audio.numpy().shape
+    assert _snr_db(client["saved_audio"], audio.numpy()) >= 60.0
     # TFLite runs Griffin-Lim as DFT matrix products instead of FFTs (export_tflite.py): another
     # order of the same float32 sums, whose rounding 32 iterations carry into the phase. Stated
     # tolerance: the waveforms agree to 60 dB signal-to-difference (measured: 87.5 dB on this run),
     # the mels to 1e-4 (measured: 6e-6).
     np.testing.assert_allclose(client["lite_mel"], mel.numpy(), atol=1e-4)
-    reference_audio = audio.numpy()
-    assert client["lite_audio"].shape == reference_audio.shape
-    difference = np.sum((client["lite_audio"] - reference_audio) ** 2) / np.sum(reference_audio ** 2)
-    assert 10 * np.log10(1.0 / max(difference, 1e-30)) >= 60.0, difference
+    assert client["lite_audio"].shape == audio.numpy().shape
+    assert _snr_db(client["lite_audio"], audio.numpy()) >= 60.0
+
+
+def _snr_db(audio, reference) -> float:
+    """Signal-to-difference ratio of `audio` against `reference`, in dB."""
+    difference = np.sum((audio - reference) ** 2) / np.sum(reference ** 2)
+    return float(10 * np.log10(1.0 / max(difference, 1e-30)))
 
 
 def test_the_assets_hold_the_vocabulary_and_audio_settings(exported):
