@@ -37,7 +37,7 @@ import tensorflow as tf
 from myxtts.data.pipeline import reference_log_mel_of_bytes
 from myxtts.data.text import tokenize
 from myxtts.models.griffin_lim import log_mel_to_audio
-from myxtts.models.inference import synthesize_tokens
+from myxtts.models.inference import synthesize_sentence
 from myxtts.synthesis import Synthesizer
 
 SETTINGS_KEYS = ("sample_rate", "n_mels", "n_fft", "hop_length", "win_length", "fmin", "mel_fmax", "mel_scale",
@@ -65,8 +65,7 @@ def export_run(run_dir: str | os.PathLike, out_dir: str | os.PathLike, checkpoin
         tf.TensorSpec([None], tf.int32), tf.TensorSpec([None, None, n_mels], tf.float32),
         tf.TensorSpec([None], tf.int32), tf.TensorSpec([], tf.int32)])
     def synthesize(tokens, reference_mel, reference_length, max_frames):
-        mel, length = synthesize_tokens(network, tf.expand_dims(tokens, 0), reference_mel, reference_length, max_frames)
-        mel = mel[0, : length[0]]
+        mel = synthesize_sentence(network, tokens, reference_mel, reference_length, max_frames)
         return {"audio": log_mel_to_audio(mel, d), "mel": mel}
 
     out = Path(out_dir)

@@ -26,7 +26,7 @@ import tensorflow as tf
 from myxtts.compat import frozen_function
 from myxtts.data.audio import _centered_window
 from myxtts.models.griffin_lim import initial_angles, mel_to_magnitude
-from myxtts.models.inference import synthesize_tokens
+from myxtts.models.inference import synthesize_sentence
 
 ITERATIONS, MOMENTUM, SEED = 32, 0.99, 0  # as `griffin_lim.log_mel_to_audio`'s defaults
 
@@ -41,8 +41,7 @@ def convert(network, data_config) -> bytes:
         tf.TensorSpec([None], tf.int32), tf.TensorSpec([None, None, d.n_mels], tf.float32),
         tf.TensorSpec([None], tf.int32), tf.TensorSpec([], tf.int32)])
     def synthesize(tokens, reference_mel, reference_length, max_frames):
-        mel, length = synthesize_tokens(network, tf.expand_dims(tokens, 0), reference_mel, reference_length, max_frames)
-        mel = mel[0, : length[0]]
+        mel = synthesize_sentence(network, tokens, reference_mel, reference_length, max_frames)
         return {"audio": griffin_lim_real(mel_to_magnitude(mel, d), d), "mel": mel}
 
     converter = tf.lite.TFLiteConverter.from_concrete_functions([frozen_function(synthesize.get_concrete_function())])

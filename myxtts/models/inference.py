@@ -51,12 +51,13 @@ def generate(model, tokens, reference_mel=None, reference_length=None, *, voice=
     return _COMPILED[model](tokens, voice, tf.constant(duration_scale, tf.float32), limit)
 
 
-def synthesize_tokens(model, tokens, reference_mel, reference_length, max_frames, duration_scale=1.0):
-    """`generate` for a caller that traces it into its own graph (the exported model): tokens
-    [B, L], the voice averaged from every reference clip [N, R, n_mels], at most `max_frames`."""
-    voice = model.voice(reference_mel, reference_length, average=True)
-    voice = tf.broadcast_to(voice, tf.stack([tf.shape(tokens)[0], tf.shape(voice)[1]]))
-    return _synthesize(model, tokens, voice, tf.cast(duration_scale, tf.float32), max_frames)
+def synthesize_sentence(model, tokens, reference_mel, reference_length, max_frames):
+    """`generate` for a caller that traces it into its own graph (the exported models): one sentence's
+    tokens [L] in the voice averaged from every reference clip [N, R, n_mels] -> mel [frames, n_mels],
+    at most `max_frames`."""
+    voice = model.voice(reference_mel, reference_length, average=True)  # [1, d]
+    mel, length = _synthesize(model, tf.expand_dims(tokens, 0), voice, tf.constant(1.0), max_frames)
+    return mel[0, : length[0]]
 
 
 def _synthesize(model, tokens, voice, duration_scale, max_frames):
