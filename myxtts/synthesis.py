@@ -33,12 +33,13 @@ class Synthesizer:
     def from_run(cls, run_dir: str | os.PathLike, checkpoint: str | None = None) -> "Synthesizer":
         """Load `run_dir`'s config.yaml and vocab.txt, and `checkpoint` (default: best_mel, else latest)."""
         from myxtts.training.checkpoints import find_checkpoint, restore_network
+        from myxtts.training.run_folder import read_vocabulary
 
         run_dir = Path(run_dir)
         if not (run_dir / "config.yaml").exists():
             raise FileNotFoundError(f"{run_dir} is not a MyXTTS run folder (no config.yaml); pass the --output-dir of a training run")
         config = load_run_config(run_dir / "config.yaml")
-        vocabulary = Vocabulary.load(run_dir / "vocab.txt")
+        vocabulary = read_vocabulary(run_dir)
         network = network_for(config, len(vocabulary), vocabulary.word_boundary_id)
         network.build()
         path = checkpoint or find_checkpoint(run_dir)
@@ -96,7 +97,7 @@ def validation_sample(run_dir: str | os.PathLike, out_path: str | os.PathLike) -
     import numpy as np
 
     from myxtts.data.pipeline import assign_references
-    from myxtts.training.trainer import load_splits
+    from myxtts.training.run_setup import load_splits
 
     synthesizer = Synthesizer.from_run(run_dir)
     train_rows, val_rows = load_splits(synthesizer.config)

@@ -315,18 +315,19 @@ def test_memory_growth_is_set_for_every_gpu_and_a_started_runtime_is_reported():
 
 def test_the_diagnosis_enables_memory_growth_before_any_gpu_work(monkeypatch):
     from myxtts.diagnostics import training_setup
+    from myxtts.training import run_setup
 
     order = []
 
     class Stop(Exception):
         pass
 
-    def resolve_hardware(config, echo):  # the hardware plan: the first step that can start TensorFlow's runtime
+    def detect_machine():  # the hardware plan: the first step that can start TensorFlow's runtime
         order.append("plan")
         raise Stop
 
-    monkeypatch.setattr(training_setup, "allow_memory_growth", lambda echo: order.append("growth"))
-    monkeypatch.setattr(training_setup, "resolve_hardware", resolve_hardware)
+    monkeypatch.setattr(run_setup, "allow_memory_growth", lambda echo: order.append("growth"))
+    monkeypatch.setattr(run_setup, "detect_machine", detect_machine)
     with pytest.raises(Stop):
         training_setup.prepare_run(load_config())
     assert order == ["growth", "plan"]

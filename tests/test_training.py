@@ -492,3 +492,29 @@ def test_the_schedule_without_a_hold_is_keras_cosine_decay_and_with_one_holds_th
     assert float(held(850)) == pytest.approx(2e-3 * (0.1 + 0.9 * 0.5), rel=1e-5)  # half way down the cosine
     assert float(held(1000)) == pytest.approx(2e-4) and float(held(5000)) == pytest.approx(2e-4)
     assert WarmupHoldDecay.from_config(held.get_config()).get_config() == held.get_config()
+
+
+def test_the_diagnosis_starts_a_fine_tuning_run_as_training_does(tiny_run, demo_corpus, tmp_path):
+    # One run setup (run_setup.prepare_run) for train(), the diagnosis and the evaluations: the
+    # diagnosis once built its own vocabulary from the data, a model of another size than the one
+    # training fine-tunes.
+    from myxtts.diagnostics import training_setup
+    from myxtts.training.run_setup import prepare_run
+
+    extended = _manifest_with_a_new_token(demo_corpus, tmp_path / "manifest.jsonl")
+    config = _config(extended, f"training.init_from={tiny_run}")
+    diagnosed = training_setup.prepare_run(config, echo=lambda m: None)
+    trained = prepare_run(config, tmp_path / "new", echo=lambda m: None)
+    old = (tiny_run / "vocab.txt").read_text(encoding="utf-8").split("\n")[:-1]
+    assert diagnosed.vocabulary.tokens == trained.vocabulary.tokens == old + [NEW_TOKEN]
+    assert [u.phonemes for u in diagnosed.rows] == [u.phonemes for u in trained.text.train_rows]
+    assert list((tmp_path / "new").glob("*")) == []  # preparing writes nothing
+
+    # A trained run's evaluations read its rows with its own vocabulary, and need its checkpoint.
+    evaluated = prepare_run(config_lib.load_run_config(tiny_run / "config.yaml"), tiny_run, resume="require",
+                            echo=lambda m: None)
+    assert evaluated.resuming and evaluated.vocabulary.tokens == old
+    from myxtts.training.checkpoints import CheckpointError
+
+    with pytest.raises(CheckpointError, match="no checkpoint to resume"):
+        prepare_run(config, tmp_path / "new", resume="require", echo=lambda m: None)

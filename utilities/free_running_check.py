@@ -41,7 +41,7 @@ def main(argv=None) -> int:
     from myxtts.evaluation.speech import HeldOutSentences, alignment_errors, recordings_wer
     from myxtts.synthesis import Synthesizer
     from myxtts.training.checkpoints import CheckpointError
-    from myxtts.training.trainer import load_splits, prepare_text
+    from myxtts.training.run_setup import prepare_run
 
     try:
         synthesizer = Synthesizer.from_run(args.run, args.checkpoint)
@@ -49,8 +49,8 @@ def main(argv=None) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 2
     config, network = synthesizer.config, synthesizer.network
-    train_rows, val_rows = load_splits(config)
-    text = prepare_text(config, Path(args.run), train_rows, val_rows)
+    # The rows as training read them (phonemized the same way, the run's vocabulary).
+    text = prepare_run(config, args.run, resume="require", echo=lambda message: None).text
     train_rows, val_rows = text.train_rows, text.val_rows
     rows = val_rows[: args.sentences] if args.sentences else val_rows
     sentences = HeldOutSentences.from_rows(rows, train_rows, synthesizer.vocabulary, config)

@@ -5,8 +5,9 @@ own: the model and optimizer come from the trainer's own `build_training_model`,
 compiled the way Keras' TensorFlow trainer does: `tf.function(train_step, jit_compile=...,
 reduce_retracing=True)`.
 
-`prepare_run` does what `train()` does before that: resolve the automatic values from the
-hardware plan, read the training split, build the vocabulary and the training dataset.
+`prepare_run` starts the run as `train()` does (training/run_setup.py: the hardware plan's
+automatic values, the rows phonemized, the vocabulary), without a run folder, and builds the
+training dataset.
 """
 
 from __future__ import annotations
@@ -18,12 +19,12 @@ import tensorflow as tf
 
 from myxtts.config import Config
 from myxtts.data.manifest import Utterance
-from myxtts.data.pipeline import build_dataset, build_vocabulary
+from myxtts.data.pipeline import build_dataset
 from myxtts.data.text import Vocabulary
 from myxtts.diagnostics.timing import CompiledStep
-from myxtts.hardware.gpu_memory import allow_memory_growth
+from myxtts.training import run_setup
 from myxtts.training.step import TrainingModel
-from myxtts.training.trainer import build_training_model, load_splits, resolve_hardware
+from myxtts.training.trainer import build_training_model
 
 
 @dataclass
@@ -36,15 +37,11 @@ class PreparedRun:
 
 
 def prepare_run(config: Config, echo=print) -> PreparedRun:
-    """Everything `train()` does before building the model, minus writing to a run folder.
-
-    Memory growth first, as in `train()`: without it TensorFlow reserves the whole GPU at its first
-    tensor and NVML would show a healthy run as a full card.
-    """
-    allow_memory_growth(echo)
-    config, policy = resolve_hardware(config, echo)
-    rows, _ = load_splits(config)
-    vocabulary = build_vocabulary(rows, config.data)
+    """Everything `train()` does before building the model, minus the run folder: the same plan,
+    rows and vocabulary (a raw corpus is phonemized as training phonemizes it)."""
+    config, policy, _ = run_setup.resolve_plan(config, echo)
+    run = run_setup.prepare_run(config, None, echo=echo)
+    rows, vocabulary = run.text.train_rows, run.vocabulary
     dataset = build_dataset(config, rows, training=True, vocabulary=vocabulary)
     return PreparedRun(config=config, policy=policy, rows=rows, vocabulary=vocabulary, dataset=dataset)
 

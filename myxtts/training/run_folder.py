@@ -64,7 +64,7 @@ class RunText:
             save_phonemes_cache(cache, self.language, {**read_phonemes_cache(cache, self.language), **self.new_phonemes})
 
 
-def prepare_text(config: Config, workdir: Path, train_rows, val_rows, *, keep_vocabulary: bool = False,
+def prepare_text(config: Config, workdir: Path | None, train_rows, val_rows, *, keep_vocabulary: bool = False,
                  base_vocabulary: Vocabulary | None = None) -> RunText:
     """The rows with their model texts ready, and the run's vocabulary; nothing is written (`RunText.save`).
 
@@ -73,25 +73,26 @@ def prepare_text(config: Config, workdir: Path, train_rows, val_rows, *, keep_vo
     transcripts phonemized before. `keep_vocabulary` (a run resuming its checkpoint): the vocabulary
     is the run's vocab.txt, since its checkpoint's token rows follow it; a training token it lacks is
     an error, not a silent <unk>. Otherwise the vocabulary is built from the training rows, after the
-    tokens of `base_vocabulary` (fine-tuning: `init_from.extended_vocabulary`).
+    tokens of `base_vocabulary` (fine-tuning: `init_from.extended_vocabulary`). `workdir` None: a run
+    without a folder (the diagnosis), so no phonemes cache and nothing to keep.
     """
     d = config.data
     new_phonemes = {}
     if d.text_frontend == "phonemes":
         rows = train_rows + val_rows
-        phonemized = phonemize_utterances(rows, d.language, cache_path=workdir / PHONEMES_CACHE, progress=True,
-                                          write_cache=False)
+        cache = workdir / PHONEMES_CACHE if workdir is not None else None
+        phonemized = phonemize_utterances(rows, d.language, cache_path=cache, progress=True, write_cache=False)
         new_phonemes = {before.text: after.phonemes for before, after in zip(rows, phonemized)
                         if needs_phonemes(before, d.language)}
         train_rows, val_rows = phonemized[: len(train_rows)], phonemized[len(train_rows) :]
     from_data = Vocabulary.from_texts(model_texts(train_rows, d.text_frontend), frontend=d.text_frontend)
-    vocab_path = workdir / VOCABULARY_FILE
     if keep_vocabulary:
-        if not vocab_path.exists():
-            raise CheckpointError(f"{workdir} has checkpoints but no {VOCABULARY_FILE}, so its token ids are lost. "
-                                  f"{WAYS_OUT.format(run=workdir)}")
+        vocab_path = workdir / VOCABULARY_FILE
+        try:
+            vocabulary = read_vocabulary(workdir)
+        except CheckpointError as error:
+            raise CheckpointError(f"{error} {WAYS_OUT.format(run=workdir)}") from None
         _check_same_text_frontend(workdir, d)
-        vocabulary = Vocabulary.load(vocab_path)
         unknown = sorted(set(from_data.symbols) - set(vocabulary.symbols))
         if unknown:
             raise ValueError(
@@ -104,6 +105,14 @@ def prepare_text(config: Config, workdir: Path, train_rows, val_rows, *, keep_vo
     else:
         vocabulary = from_data
     return RunText(train_rows, val_rows, vocabulary, d.language, new_phonemes)
+
+
+def read_vocabulary(workdir: Path) -> Vocabulary:
+    """The vocabulary a run's checkpoints follow (training resuming, synthesis, export)."""
+    path = Path(workdir) / VOCABULARY_FILE
+    if not path.exists():
+        raise CheckpointError(f"{workdir} has no {VOCABULARY_FILE}, so the token ids of its checkpoints are lost.")
+    return Vocabulary.load(path)
 
 
 WAYS_OUT = ("Nothing in it was written or deleted. Either run with that run's own settings (e.g. --config "

@@ -1,6 +1,6 @@
-"""`train(config, workdir)`: everything between a resolved config and a trained, checkpointed model.
+"""`train(config, workdir)`: everything between a config and a trained, checkpointed model.
 
-    hardware plan -> precision policy -> rows + vocabulary -> model + optimizer
+    hardware plan -> strategy, precision policy -> rows + vocabulary (run_setup.py) -> model + optimizer
       -> resume (a checkpoint that does not fit stops here) or start (from training.init_from's weights)
       -> only now write to the run folder -> datasets -> Model.fit(step-based "epochs" of
          `eval_interval` updates) -> checkpoints
@@ -24,22 +24,16 @@ import yaml
 
 from myxtts import config as config_lib
 from myxtts.config import Config
-from myxtts.data.manifest import read_manifest, split_train_val
 from myxtts.data.phonemes import check_language
 from myxtts.data.pipeline import Epochs, build_dataset, copies_to_gpu, first_batch, to_device
-from myxtts.hardware.batch_plan import BatchPlan
-from myxtts.hardware.detect import detect_machine
-from myxtts.hardware.gpu_memory import allow_memory_growth
-from myxtts.hardware.plan import Plan, RequestedSettings, plan_for_machine
-from myxtts.hardware.probe_runner import probe_batch_size
-from myxtts.hardware.report import short_summary
 from myxtts.models.xtts import network_for
 from myxtts.training.callbacks import (CheckpointSaver, NonFiniteGuard, ProgressLogger, SpeechCheck, StopAtStep,
                                        ValidationSchedule, console_echo, optimizer_step)
-from myxtts.training import batch_probe, distribute
+from myxtts.training import distribute
 from myxtts.training.checkpoints import Checkpoints, CheckpointError
-from myxtts.training.init_from import InitSource, check_same_text, initialize_from, load_source
-from myxtts.training.run_folder import WAYS_OUT, RunText, has_checkpoint, prepare_text, reset_run, settings_changed
+from myxtts.training.init_from import InitSource, initialize_from
+from myxtts.training.run_folder import WAYS_OUT, RunText, reset_run, settings_changed
+from myxtts.training.run_setup import batch_plan_of, prepare_run, resolve_plan
 from myxtts.training.optimizers import build_optimizer
 from myxtts.training.step import TrainingModel
 
@@ -55,56 +49,6 @@ class TrainResult:
     train_function_traces: int
     batch_size: int
     gradient_accumulation_steps: int
-
-
-def resolve_hardware(config: Config, echo=console_echo) -> tuple[Config, str]:
-    """Fill every automatic value (batch, accumulation, workers, precision) from the hardware plan.
-
-    Returns the resolved config and the Keras dtype policy name.
-    """
-    config, policy, _ = resolve_plan(config, echo)
-    return config, policy
-
-
-def resolve_plan(config: Config, echo=console_echo) -> tuple[Config, str, Plan]:
-    """`resolve_hardware` plus the plan itself (the distribution strategy is made from it)."""
-    t, d = config.training, config.data
-    facts = detect_machine()
-    plan = plan_for_machine(
-        facts,
-        model_size=config.model.size,
-        requested=RequestedSettings(
-            batch_size=d.batch_size,
-            gradient_accumulation_steps=t.gradient_accumulation_steps,
-            num_workers=d.num_workers,
-            precision=t.precision,
-            effective_batch_size=t.effective_batch_size,
-            xla=t.enable_xla_compilation,
-        ),
-    )
-    # The replicas of every host share the effective batch; then measure the batch on this GPU model
-    # (cached, and before this process claims GPU memory).
-    plan = distribute.with_replicas(plan, distribute.planned_replicas(plan))
-    plan = probe_batch_size(config, plan, facts, child_module=batch_probe.__name__, echo=echo)
-    echo(short_summary(plan, facts))
-    resolved = dataclasses.replace(
-        config,
-        data=dataclasses.replace(d, batch_size=plan.batch_size, num_workers=plan.num_parallel_calls),
-        training=dataclasses.replace(t, gradient_accumulation_steps=plan.gradient_accumulation_steps),
-    )
-    if plan.tf32:
-        tf.config.experimental.enable_tensor_float_32_execution(True)
-    return resolved, plan.precision, plan  # a Keras policy name; an explicit training.precision is honoured by the plan
-
-
-def load_splits(config: Config):
-    d = config.data
-    if not d.train_data:
-        raise config_lib.ConfigError("no training data: set data.train_data or pass --train-data (or use --demo)")
-    train = read_manifest(d.train_data)
-    if d.val_data:
-        return train, read_manifest(d.val_data)
-    return split_train_val(train, d.val_fraction, config.seed)
 
 
 def train(config: Config, workdir: str | Path, *, resume: str = "auto", epochs: float | None = None, echo=console_echo) -> TrainResult:
@@ -123,10 +67,9 @@ def train(config: Config, workdir: str | Path, *, resume: str = "auto", epochs: 
         reset_run(workdir, echo)
     workdir.mkdir(parents=True, exist_ok=True)
 
+    automatic_batch = config.data.batch_size == 0
     if config.data.text_frontend == "phonemes":
         check_language(config.data.language)  # a typo fails here, not after the hardware probe
-    allow_memory_growth(echo)  # before any GPU work (detection only lists devices)
-    automatic_batch = config.data.batch_size == 0
     config, policy, plan = resolve_plan(config, echo)
     # Before any other TensorFlow work: MultiWorkerMirroredStrategy configures the runtime.
     strategy = distribute.strategy_for(plan)
@@ -142,23 +85,11 @@ def train(config: Config, workdir: str | Path, *, resume: str = "auto", epochs: 
     keras.config.set_dtype_policy(policy)
     keras.utils.set_random_seed(config.seed)
 
-    train_rows, val_rows = load_splits(config)
+    run = prepare_run(config, workdir, resume="require" if resume == "require" else "auto", echo=echo)
     if epochs is not None:
-        steps = batch_plan_of(config, distribute.replicas(strategy)).updates_for(epochs * len(train_rows))
+        steps = batch_plan_of(config, distribute.replicas(strategy)).updates_for(epochs * len(run.text.train_rows))
         config = dataclasses.replace(config, training=dataclasses.replace(config.training, max_steps=steps))
-    resuming = has_checkpoint(workdir)
-    if resume == "require" and not resuming:
-        raise CheckpointError(f"--resume: no checkpoint to resume in {workdir / 'checkpoints' / 'latest'}")
-    source = None
-    if config.training.init_from:
-        if resuming:
-            echo(f"training.init_from ({config.training.init_from}) only starts a run: {workdir} resumes its own checkpoint")
-        else:
-            source = load_source(config.training.init_from)
-            check_same_text(source, config)
-    text = prepare_text(config, workdir, train_rows, val_rows, keep_vocabulary=resuming,
-                        base_vocabulary=source.vocabulary if source else None)
-    echo(f"data: {len(text.train_rows)} training and {len(text.val_rows)} validation clips, vocabulary of {len(text.vocabulary)} tokens")
+    text, source = run.text, run.source
 
     strict_restore = True
     while True:
@@ -184,11 +115,6 @@ def train(config: Config, workdir: str | Path, *, resume: str = "auto", epochs: 
                 training=dataclasses.replace(t, gradient_accumulation_steps=smaller.accumulation),
             )
             strict_restore = False  # the optimizer now has accumulators the checkpoint lacks
-
-
-def batch_plan_of(config: Config, replicas: int) -> BatchPlan:
-    """The resolved config's batch x accumulation x `replicas` (the strategy's count)."""
-    return BatchPlan(config.data.batch_size, max(config.training.gradient_accumulation_steps, 1), replicas)
 
 
 class OutOfMemory(RuntimeError):

@@ -1,0 +1,141 @@
+"""The start every user of a run shares, so that none of them sees the data differently.
+
+    resolve_plan(config)          GPU memory growth, then the hardware plan's automatic values
+                                  (batch, accumulation, input workers, precision)
+    prepare_run(config, workdir)  language checked -> rows split -> rows phonemized once ->
+                                  the vocabulary (the run's own when it resumes, the init_from
+                                  source's tokens first when it fine-tunes) -> Run
+
+`train()` resolves the plan, makes its distribution strategy from it, then prepares the run and
+fits. The diagnosis (diagnostics/training_setup.py) does the same without a run folder and times
+the step instead of fitting. The held-out evaluations of a trained run (synthesis.validation_sample,
+utilities/free_running_check.py) prepare it from its own folder, which it must have checkpoints in.
+
+Nothing here writes to the run folder: `Run.text.save` does, once the trainer knows the folder's
+checkpoint (if any) fits.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+
+import tensorflow as tf
+
+from myxtts import config as config_lib
+from myxtts.config import Config
+from myxtts.data.manifest import Utterance, read_manifest, split_train_val
+from myxtts.data.phonemes import check_language
+from myxtts.data.text import Vocabulary
+from myxtts.hardware.batch_plan import BatchPlan
+from myxtts.hardware.detect import detect_machine
+from myxtts.hardware.gpu_memory import allow_memory_growth
+from myxtts.hardware.plan import Plan, RequestedSettings, plan_for_machine
+from myxtts.hardware.probe_runner import probe_batch_size
+from myxtts.hardware.report import short_summary
+from myxtts.training import batch_probe, distribute
+from myxtts.training.callbacks import console_echo
+from myxtts.training.checkpoints import CheckpointError
+from myxtts.training.init_from import InitSource, check_same_text, load_source
+from myxtts.training.run_folder import RunText, has_checkpoint, prepare_text
+
+
+def resolve_plan(config: Config, echo=console_echo) -> tuple[Config, str, Plan]:
+    """The config with every automatic value filled from the hardware plan, the Keras dtype policy
+    name, and the plan (the distribution strategy is made from it).
+
+    GPU memory growth is turned on first: the plan's batch probe is the first GPU work, and without
+    growth TensorFlow reserves the whole card at its first tensor (other processes, and NVML's view
+    of the run, would see it full).
+    """
+    allow_memory_growth(echo)
+    t, d = config.training, config.data
+    facts = detect_machine()
+    plan = plan_for_machine(
+        facts,
+        model_size=config.model.size,
+        requested=RequestedSettings(
+            batch_size=d.batch_size,
+            gradient_accumulation_steps=t.gradient_accumulation_steps,
+            num_workers=d.num_workers,
+            precision=t.precision,
+            effective_batch_size=t.effective_batch_size,
+            xla=t.enable_xla_compilation,
+        ),
+    )
+    # The replicas of every host share the effective batch; then measure the batch on this GPU model
+    # (cached, and before this process claims GPU memory).
+    plan = distribute.with_replicas(plan, distribute.planned_replicas(plan))
+    plan = probe_batch_size(config, plan, facts, child_module=batch_probe.__name__, echo=echo)
+    echo(short_summary(plan, facts))
+    resolved = dataclasses.replace(
+        config,
+        data=dataclasses.replace(d, batch_size=plan.batch_size, num_workers=plan.num_parallel_calls),
+        training=dataclasses.replace(t, gradient_accumulation_steps=plan.gradient_accumulation_steps),
+    )
+    if plan.tf32:
+        tf.config.experimental.enable_tensor_float_32_execution(True)
+    return resolved, plan.precision, plan  # a Keras policy name; an explicit training.precision is honoured by the plan
+
+
+def batch_plan_of(config: Config, replicas: int) -> BatchPlan:
+    """The resolved config's batch x accumulation x `replicas` (the strategy's count)."""
+    return BatchPlan(config.data.batch_size, max(config.training.gradient_accumulation_steps, 1), replicas)
+
+
+def load_splits(config: Config) -> tuple[list[Utterance], list[Utterance]]:
+    """The training and validation rows as the manifest(s) hold them (not yet phonemized)."""
+    d = config.data
+    if not d.train_data:
+        raise config_lib.ConfigError("no training data: set data.train_data or pass --train-data (or use --demo)")
+    train = read_manifest(d.train_data)
+    if d.val_data:
+        return train, read_manifest(d.val_data)
+    return split_train_val(train, d.val_fraction, config.seed)
+
+
+@dataclass
+class Run:
+    """A run ready for its model to be built: the rows as the model reads them, and their vocabulary."""
+
+    config: Config
+    workdir: Path | None  # None: a run without a folder (the diagnosis)
+    text: RunText  # training and validation rows with their model texts, and the vocabulary
+    resuming: bool  # the folder holds a checkpoint of its own, which the vocabulary follows
+    source: InitSource | None  # training.init_from's checkpoint, when this run starts from it
+
+    @property
+    def vocabulary(self) -> Vocabulary:
+        return self.text.vocabulary
+
+
+def prepare_run(config: Config, workdir: str | Path | None = None, *, resume: str = "auto",
+                echo=console_echo) -> Run:
+    """The rows and vocabulary of the run in `workdir` (or of a run without a folder, for `None`).
+
+    `resume`: "auto" continues the folder's checkpoint if it has one; "require" makes a missing one
+    an error (--resume, and the evaluations of a trained run). A run resuming its checkpoint keeps
+    its vocab.txt (its token rows follow it); otherwise the vocabulary is built from the training
+    rows, after the tokens of `training.init_from`'s run when fine-tuning.
+    """
+    if config.data.text_frontend == "phonemes":
+        check_language(config.data.language)  # a typo fails here, with nothing done yet
+    workdir = Path(workdir) if workdir is not None else None
+    resuming = workdir is not None and has_checkpoint(workdir)
+    if resume == "require" and not resuming:
+        where = workdir / "checkpoints" / "latest" if workdir is not None else "(no run folder)"
+        raise CheckpointError(f"--resume: no checkpoint to resume in {where}")
+    train_rows, val_rows = load_splits(config)
+    source = None
+    if config.training.init_from:
+        if resuming:
+            echo(f"training.init_from ({config.training.init_from}) only starts a run: {workdir} resumes its own checkpoint")
+        else:
+            source = load_source(config.training.init_from)
+            check_same_text(source, config)
+    text = prepare_text(config, workdir, train_rows, val_rows, keep_vocabulary=resuming,
+                        base_vocabulary=source.vocabulary if source else None)
+    echo(f"data: {len(text.train_rows)} training and {len(text.val_rows)} validation clips, "
+         f"vocabulary of {len(text.vocabulary)} tokens")
+    return Run(config=config, workdir=workdir, text=text, resuming=resuming, source=source)
