@@ -19,6 +19,7 @@ import dataclasses
 import difflib
 import math
 import os
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -69,6 +70,7 @@ class DataConfig:
     mel_on_device: bool | None = None
     shuffle_buffer_size: int = 2048
     deterministic: bool = False
+    service_address: str = ""
 
     @property
     def frames_per_second(self) -> float:
@@ -348,10 +350,19 @@ def get_value(config: Config, key: str) -> Any:
 
 def apply_preset(config: Config) -> None:
     """Fill every key still `null` (or 0 for counts, meaning automatic) from the optimization level."""
+    if config.data.service_address and config.data.cache_features is None:
+        # The service's workers compute the training features every epoch, so the levels' cache
+        # (true) would be an error here (see `validate`): an unset key means no cache.
+        config.data.cache_features = False
     for key, value in PRESETS[config.training.optimization_level].items():
         current = get_value(config, key)
         if current is None or (type(current) is int and current == 0):  # not `in (None, 0)`: False == 0
             set_value(config, key, value, source=f"preset {config.training.optimization_level}")
+
+
+# What `tf.data.experimental.service.distribute` accepts as a dispatcher: an optional protocol, a
+# host name or address, a port.
+_SERVICE_ADDRESS = re.compile(r"(grpc://)?(\[[0-9A-Fa-f:]+\]|[^\s:/\[\]]+):\d+")
 
 
 def validate(config: Config) -> None:
@@ -403,6 +414,17 @@ def validate(config: Config) -> None:
     for key in ("batch_size", "num_workers", "prefetch_buffer_size", "shuffle_buffer_size"):
         if getattr(d, key) < 0:
             problems.append(f"data.{key} must be >= 0 (0 = automatic), got {getattr(d, key)}")
+    if d.service_address:
+        if not _SERVICE_ADDRESS.fullmatch(d.service_address):
+            problems.append(f"data.service_address must be grpc://host:port (the dispatcher's), got {d.service_address!r}")
+        if d.cache_features:
+            # A cache on the workers would be wrong: dynamic sharding hands each worker other clips
+            # every epoch. One here would leave the service idle after the first epoch.
+            problems.append("data.cache_features: true does not go with data.service_address: the service's workers "
+                            "compute the features every epoch; set data.cache_features: false (or leave it null)")
+        if d.deterministic:
+            problems.append("data.deterministic: true does not go with data.service_address: clips arrive in the order "
+                            "the service's workers finish them; set data.deterministic: false")
     if not 0.0 < t.lr_decay_fraction <= 1.0:
         problems.append(f"training.lr_decay_fraction must be in (0, 1], got {t.lr_decay_fraction}")
     if t.decoder_window < 0:

@@ -200,6 +200,8 @@ def test_wrong_types_say_what_is_allowed(tmp_path, text, expected):
         ("data.power=3", "data.power must be 1.0"),
         ("data.language=", "data.language must be an espeak-ng voice or language code"),
         ("data.text_frontend=letters", "data.text_frontend must be one of phonemes, characters"),
+        ("data.service_address=dispatcher", "data.service_address must be grpc://host:port"),
+        ("data.service_address=grpc://a b:5050", "data.service_address must be grpc://host:port"),
     ],
 )
 def test_impossible_values_are_rejected(override, expected):
@@ -238,6 +240,19 @@ def test_presets_fill_only_unset_keys(tmp_path):
     assert mixed.training.optimization_level == "basic"
     assert mixed.training.enable_xla_compilation is True and mixed.data.bucketing is False
     assert load_config(path, optimization_level="enhanced").training.optimization_level == "enhanced"
+
+
+def test_a_service_address_means_no_feature_cache_and_no_fixed_order():
+    # The levels' cache would be refused with a service address, so an unset key becomes false...
+    for address in ("grpc://10.0.0.1:5050", "localhost:5050", "grpc://[::1]:5050"):
+        config = load_config(overrides=[f"data.service_address={address}"], optimization_level="enhanced")
+        assert config.data.cache_features is False
+    # ...and an explicit cache, or a promise of the same order, is an error naming the key to change.
+    with pytest.raises(ConfigError, match=re.escape("set data.cache_features: false")):
+        load_config(overrides=["data.service_address=grpc://host:5050", "data.cache_features=true"])
+    with pytest.raises(ConfigError, match=re.escape("set data.deterministic: false")):
+        load_config(overrides=["data.service_address=grpc://host:5050", "data.deterministic=true"])
+    assert load_config(optimization_level="enhanced").data.cache_features  # without an address, the level's cache
 
 
 def test_every_level_resolves_every_null():

@@ -20,7 +20,12 @@ Order, every epoch (`Epochs`), so that a manifest sorted by speaker still gives 
   every clip's features are computed);
 * features cached in a file (too big for RAM, `feature_cache.py`): the same random order drawn once,
   then a shuffle within `data.shuffle_buffer_size` clips each epoch (the window lives in RAM);
-* no cache: the file list is permuted every epoch before decoding.
+* no cache: the file list is permuted every epoch before decoding;
+* features from a tf.data service (`data.service_address`, training only; `Epochs.served_examples`):
+  the service's workers, on other machines, read and decode the clips and compute their features and
+  references, each clip once per epoch, in the order drawn once; this host shuffles within
+  `data.shuffle_buffer_size` clips, buckets and batches. No cache: dynamic sharding gives each worker
+  other clips every epoch, so a cache on a worker would serve the wrong ones.
 
 Each epoch has a key, drawn from the seed and the epoch number, that seeds its shuffle and the
 draw of every clip's voice reference (`references.py`). With a cache, every clip's reference crop
@@ -51,6 +56,7 @@ import dataclasses
 import math
 import os
 import random
+import socket
 import tensorflow as tf
 
 from myxtts.config import Config, DataConfig
@@ -123,10 +129,17 @@ class Epochs:
             raise ValueError(f"no utterances in {manifest if isinstance(manifest, (str, os.PathLike)) else 'the given list'}")
         if c.text_frontend == "phonemes":
             utterances = phonemize_utterances(utterances, c.language, progress=True)
+        # Evaluation stays on this host: it is small and must come in order, the same every time.
+        self.service = c.service_address if training else ""
         cached = bool(c.cache_features)
-        if training and cached:
-            # The order the cache keeps: random, so that neither a file cache's window shuffle nor
-            # anything else ever sees the manifest's own order (sorted by speaker, say).
+        if self.service and cached:  # config.validate refuses it too; this catches a config built in code
+            raise ValueError("data.cache_features does not go with data.service_address: the service's workers compute "
+                             "the features every epoch; set data.cache_features to false")
+        if self.service:
+            check_dispatcher(self.service)
+        if training and (cached or self.service):
+            # The order the cache keeps (or the service serves every epoch): random, so that neither
+            # the window shuffle nor anything else ever sees the manifest's own order (sorted by speaker, say).
             random.Random(self.seed).shuffle(utterances)
         texts = model_texts(utterances, c.text_frontend)
         self.vocabulary = vocabulary or Vocabulary.from_texts(texts, frontend=c.text_frontend)
@@ -148,6 +161,9 @@ class Epochs:
 
     def one_pass(self) -> tf.data.Dataset:
         """One epoch; for training, every iteration of the returned dataset is a new epoch."""
+        if self.service:
+            # Epoch 0's references on every pass: the service serves one registered dataset. The order differs.
+            return self._finish(self._served_batches(0, len(self.utterances)))
         self._build_crop_table()
         if self.training:
             keys = tf.data.Dataset.random(seed=self.seed, rerandomize_each_iteration=True).take(1)
@@ -161,6 +177,10 @@ class Epochs:
         Epoch e is the same at any start, so a resumed run continues where it stopped: the epochs
         before are not replayed, only the batches of the current one before `start_batch`.
         """
+        if self.service:
+            # Clips come in the order the workers finish them, so no run can be replayed exactly: a
+            # resumed one starts after the clips its batches held (filtered and left-over clips aside).
+            return self._finish(self._served_batches(start_batch * self.batch_size, tf.int64.max))
         self._build_crop_table()
         first_epoch, skip = divmod(start_batch, self.batches_per_epoch()) if start_batch else (0, 0)
         epochs = tf.data.Dataset.range(first_epoch, tf.int64.max).map(self.epoch_key)
@@ -208,15 +228,57 @@ class Epochs:
     def _parallel_calls(self):
         return self.data.num_workers or tf.data.AUTOTUNE
 
-    def _rows(self, order=None) -> tf.data.Dataset:
-        rows = {
+    def _row_tensors(self) -> dict:
+        return {
             "audio_path": tf.constant([u.audio_path for u in self.utterances]),
             "text": tf.constant(self.texts),
             "clip": tf.range(len(self.utterances), dtype=tf.int64),
         }
+
+    def _rows(self, order=None) -> tf.data.Dataset:
+        rows = self._row_tensors()
         if order is not None:
             rows = {key: tf.gather(value, order) for key, value in rows.items()}
         return tf.data.Dataset.from_tensor_slices(rows)
+
+    def served_examples(self, start: int, stop: int) -> tf.data.Dataset:
+        """Positions `start` to `stop` - 1 of the endless sequence epoch 0, epoch 1, ... (position p is
+        clip p % N of epoch p // N, N clips), each clip's features and reference computed by the workers
+        of the tf.data service at `data.service_address`, with its "clip" index. Arrival order is the
+        order the workers finish in.
+
+        Dynamic sharding splits a dataset at its source: the dispatcher hands the source's elements,
+        one at a time, to whichever worker asks next, and each is processed once. So the source is the
+        positions (a `range`), and everything a clip needs, its epoch's reference included, is computed
+        from its position after that split, on the worker; only the shuffle window and the bucketing
+        (cheap, and what the step's batches must come from) stay here.
+        """
+        n, c = len(self.utterances), self.data
+        table, rows = self.vocabulary.lookup_table(), self._row_tensors()
+
+        def decode(position):
+            row = {key: tf.gather(value, position % n) for key, value in rows.items()}
+            return _decode(row, c, table), self.epoch_key(position // n)
+
+        def features(example, key):
+            return {**self._with_reference(_features(example, c), key), "clip": example["clip"]}
+
+        # AUTOTUNE, not data.num_workers: that was sized for this host's cores; each worker sizes its own.
+        ds = tf.data.Dataset.range(start, stop)
+        ds = ds.map(decode, num_parallel_calls=tf.data.AUTOTUNE, deterministic=False)
+        ds = ds.filter(lambda example, key: within_limits(example, c))
+        ds = ds.map(features, num_parallel_calls=tf.data.AUTOTUNE, deterministic=False)
+        return ds.apply(tf.data.experimental.service.distribute(
+            processing_mode=tf.data.experimental.service.ShardingPolicy.DYNAMIC, service=self.service))
+
+    def _served_batches(self, start: int, stop: int) -> tf.data.Dataset:
+        c, n = self.data, len(self.utterances)
+        ds = self.served_examples(start, stop).map(lambda ex: {k: v for k, v in ex.items() if k != "clip"})
+        # Every epoch serves the clips in about the same order (the one drawn once), so a window
+        # mixes them differently each time, as for a file cache. At most an epoch: a shuffle fills its
+        # window before the first clip leaves, and a larger one would only mix epochs.
+        ds = ds.shuffle(min(c.shuffle_buffer_size or n, n), seed=self.seed)
+        return batch_by_bucket(ds, c, self.batch_size, drop_remainder=True)
 
     def _features(self, rows: tf.data.Dataset) -> tf.data.Dataset:
         c, table = self.data, self.vocabulary.lookup_table()
@@ -246,6 +308,19 @@ class Epochs:
         c = self.data
         ds = ds.with_options(dataset_options(c, self.training, ordered=self.ordered))
         return ds.prefetch(c.prefetch_buffer_size or tf.data.AUTOTUNE)
+
+
+def check_dispatcher(address: str, timeout_s: float = 10.0) -> None:
+    """Raise ValueError unless something accepts connections at the dispatcher `address`
+    ([grpc://]host:port). TensorFlow itself retries registering a dataset for up to an hour, printing
+    only log lines, so a typo or a dispatcher not started yet would look like a hung run."""
+    host, _, port = address.removeprefix("grpc://").rpartition(":")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+    except OSError as error:
+        raise ValueError(f"no tf.data service dispatcher answers at data.service_address {address} ({error}): start one "
+                         f"with `python utilities/data_service.py dispatcher --port {port}` and workers beside it, or set "
+                         f"data.service_address to \"\" to compute the features on this host") from None
 
 
 def first_batch(config: Config, rows: list[Utterance], vocabulary: Vocabulary) -> dict | None:

@@ -1,0 +1,131 @@
+"""Input over several hosts: training features from a tf.data service on 127.0.0.1, its dispatcher
+and two workers each a process of its own, started by `utilities/data_service.py` as on other hosts.
+
+Separate processes matter: a worker inside the test's process would run the dataset's graph with this
+process's Python at hand, so a Python op would pass unnoticed (`tf.py_function` fails only on a
+remote worker).
+"""
+
+import collections
+import gc
+import math
+import select
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from myxtts.config import load_config
+from myxtts.data.manifest import read_manifest
+from myxtts.data.pipeline import Epochs, check_dispatcher, reference_log_mel
+from myxtts.diagnostics.graph_scan import dataset_ops, find_python_ops
+from myxtts.training.trainer import train
+
+SCRIPT = Path(__file__).resolve().parents[1] / "utilities" / "data_service.py"
+STARTUP_S = 60  # TensorFlow's import on 2 loaded cores
+
+
+def _start(args: list[str], log: Path, processes: list) -> subprocess.Popen:
+    """Start the CLI with `args`, kept in `processes` to be stopped."""
+    with open(log, "w") as stderr:  # the child keeps its own copy of the file
+        process = subprocess.Popen([sys.executable, str(SCRIPT), *args], stdout=subprocess.PIPE, stderr=stderr, text=True)
+    processes.append(process)
+    return process
+
+
+def _first_line(process: subprocess.Popen, log: Path) -> str:
+    """What the CLI printed once its server runs."""
+    ready, _, _ = select.select([process.stdout], [], [], STARTUP_S)
+    line = process.stdout.readline() if ready else ""
+    if not line:
+        raise RuntimeError(f"`{' '.join(process.args[1:])}` printed nothing in {STARTUP_S} s; its log:\n{log.read_text()}")
+    return line
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory):
+    """grpc://127.0.0.1:PORT of a dispatcher with two workers; all three stopped afterwards."""
+    logs, processes = tmp_path_factory.mktemp("data_service"), []
+    try:
+        # Port 0: the system picks free ports, so parallel test processes never collide.
+        dispatcher = _start(["dispatcher", "--port", "0"], logs / "dispatcher.log", processes)
+        port = _first_line(dispatcher, logs / "dispatcher.log").split("listening on port ")[1].split(";")[0]
+        workers = {logs / f"worker{i}.log": _start(["worker", "--dispatcher", f"127.0.0.1:{port}", "--port", "0",
+                                                    "--address", "127.0.0.1"], logs / f"worker{i}.log", processes)
+                   for i in (1, 2)}  # both start at once: TensorFlow's import is most of the wait
+        for log, worker in workers.items():
+            _first_line(worker, log)
+        yield f"grpc://127.0.0.1:{port}"
+    finally:
+        # Iterators that outlived their test (Keras keeps its own in reference cycles) would ask the
+        # stopped dispatcher for work every second for the rest of this process: free them first.
+        gc.collect()
+        for process in processes:
+            process.terminate()
+        for process in processes:
+            try:
+                process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+            process.stdout.close()
+
+
+def _config(service, *overrides):
+    return load_config(overrides=[f"data.service_address={service}", "data.batch_size=4", *overrides])
+
+
+def test_one_epoch_through_the_service_brings_each_clip_once_with_its_features(service, demo_corpus):
+    config = _config(service)
+    assert config.data.cache_features is False  # the level's cache is off with a service
+    epochs = Epochs(config, read_manifest(demo_corpus), training=True)
+    clips = len(epochs.utterances)  # every demo clip (1.2-11.7 s) is within the default limits
+    served = list(epochs.served_examples(0, clips).as_numpy_iterator())
+    # Dynamic sharding: each clip once, although two workers process the epoch (sharding OFF gives two of each).
+    assert collections.Counter(int(example["clip"]) for example in served) == {clip: 1 for clip in range(clips)}
+
+    # What the workers computed is what this host computes: the clip's log-mel and tokens, and epoch 0's reference.
+    local = load_config(overrides=["data.batch_size=4", "data.cache_features=false"])
+    expected = list(Epochs(local, epochs.utterances, training=False, vocabulary=epochs.vocabulary).in_order().as_numpy_iterator())
+    for example in served:
+        clip = int(example["clip"])
+        np.testing.assert_allclose(example["mel"], expected[clip]["mel"], atol=1e-5)
+        np.testing.assert_array_equal(example["tokens"], expected[clip]["tokens"])
+        reference, frames = reference_log_mel(epochs.references.reference_path(clip, epochs.epoch_key(0)), local.data)
+        assert int(example["reference_length"]) == int(frames)
+        np.testing.assert_allclose(example["reference_mel"], reference.numpy(), atol=1e-5)
+
+    # The training stream is the one that reads from the service, and no Python op rides along.
+    stream = epochs.stream()
+    assert any(op.startswith("DataServiceDataset") for op in dataset_ops(stream))
+    assert find_python_ops(stream) == []
+
+
+def test_training_runs_from_the_service(service, demo_corpus, tmp_path):
+    config = _config(
+        service,
+        f"data.train_data={demo_corpus}",
+        "model.size=tiny",
+        "data.max_duration_s=6.0",
+        "data.bucket_boundaries_s=[6.0]",  # one bucket: one compiled shape
+        "training.gradient_accumulation_steps=1",
+        "training.precision=fp32",
+        "training.enable_xla_compilation=false",
+        "training.max_steps=2",
+        "training.eval_interval=100",
+        "data.val_fraction=0.0",  # no validation set: it is built on this host, and its evaluation costs a trace
+        "training.log_interval=1",
+        "training.log_samples=false",
+        "training.wer_sentences=0",
+    )
+    result = train(config, tmp_path / "run", echo=lambda message: None)
+    assert result.step == 2 and len(result.history) == 2
+    assert all(math.isfinite(record["loss"]) for record in result.history)
+
+
+def test_a_missing_dispatcher_is_a_clear_error_not_a_hang():
+    # TensorFlow would retry registering the dataset for an hour; port 1 has no dispatcher.
+    with pytest.raises(ValueError, match="no tf.data service dispatcher answers at data.service_address"):
+        check_dispatcher("grpc://127.0.0.1:1", timeout_s=5)

@@ -1,0 +1,66 @@
+#!/usr/bin/env python3
+"""Start a tf.data service dispatcher or worker, so that other machines' CPUs compute the training features.
+
+    # machine A: the dispatcher (it only hands out work; any machine will do)
+    python utilities/data_service.py dispatcher --port 5050
+    # machines B, C, ...: one worker each, with the corpus at the same paths as in the manifest
+    python utilities/data_service.py worker --dispatcher A:5050 --port 5051
+    # the training host
+    python train_main.py --train-data /data/ljspeech --set data.service_address=grpc://A:5050
+
+The workers read, decode and resample every training clip and compute its log-mel and its voice
+reference, each clip once per epoch (dynamic sharding); the training host only shuffles, batches and
+trains. A worker reads the audio files by the paths the manifest gives, so every worker needs the
+corpus at the same paths as the training host (a shared or copied folder). This works only because
+the input pipeline has no Python ops: a remote worker runs the dataset's graph without the trainer's
+Python (tests/test_pipeline.py scans the graph). Each server runs until Ctrl-C.
+"""
+
+import argparse
+import socket
+import sys
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    roles = p.add_subparsers(dest="role", required=True)
+    dispatcher = roles.add_parser("dispatcher", help="hand out the clips of each epoch to the workers",
+                                  description="Start the dispatcher; point training at it with "
+                                              "data.service_address: grpc://THIS_HOST:PORT.")
+    dispatcher.add_argument("--port", type=int, default=5050, help="port to listen on (default 5050; 0 = any free port)")
+    worker = roles.add_parser("worker", help="compute features for the dispatcher's training runs",
+                              description="Start a worker. It reads the corpus's audio files by the manifest's "
+                                          "paths: the corpus must be at the same paths on this machine.")
+    worker.add_argument("--dispatcher", required=True, help="the dispatcher's HOST:PORT")
+    worker.add_argument("--port", type=int, default=5051, help="port to listen on (default 5051; 0 = any free port)")
+    worker.add_argument("--address", default=socket.gethostname(),
+                        help="host name or IP address by which the training host reaches this worker "
+                             f"(default: this machine's name, {socket.gethostname()})")
+    args = p.parse_args(argv)
+
+    import tensorflow as tf  # after parsing: --help needs no TensorFlow start-up
+
+    service = tf.data.experimental.service
+    if args.role == "dispatcher":
+        server = service.DispatchServer(service.DispatcherConfig(port=args.port))
+        port = server.target.rsplit(":", 1)[1]  # the one chosen, also for --port 0
+        print(f"dispatcher listening on port {port}; start workers with: "
+              f"python utilities/data_service.py worker --dispatcher {socket.gethostname()}:{port}", flush=True)
+        print(f"train with: --set data.service_address=grpc://{socket.gethostname()}:{port}", flush=True)
+    else:
+        dispatcher_address = args.dispatcher.removeprefix("grpc://")
+        # The dispatcher gives this address to the training host, which fetches features from it:
+        # TensorFlow's default, localhost, works only on a single machine.
+        server = service.WorkerServer(service.WorkerConfig(
+            dispatcher_address=dispatcher_address, worker_address=f"{args.address}:%port%", port=args.port))
+        port = args.port or "(a free port the dispatcher was told)"
+        print(f"worker {args.address}:{port} serving the dispatcher at {dispatcher_address}", flush=True)
+    try:
+        server.join()
+    except KeyboardInterrupt:
+        print("stopped", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
