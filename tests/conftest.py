@@ -1,10 +1,95 @@
-"""Shared fixtures: one small demo corpus synthesized per test session (about two seconds)."""
+"""Shared fixtures, each built once per test session whichever pytest-xdist worker asks first:
+
+* `demo_corpus`: a small demo corpus (24 clips, about two seconds to synthesize);
+* `trained_run`: six updates of the tiny model on it, with validation, samples, a recognizer
+  measure and checkpoints (latest, best_mel, best_wer); `train()` costs tens of seconds on two
+  cores, so the tests that only need *a* trained run (fine-tuning, export, faults after a good
+  start) share this one. Its TrainResult is in `result.json` beside it. Tests must not write into
+  it: copy it first (`shutil.copytree`).
+"""
+
+import fcntl
+import json
+import os
+import shutil
 
 import pytest
+
+
+def tiny_config(corpus, *overrides):
+    """The tiny model on `corpus`, set up for tests: one bucket, fp32, no XLA, quick schedule."""
+    from myxtts.config import load_config
+
+    return load_config(
+        overrides=[
+            f"data.train_data={corpus}",
+            "model.size=tiny",
+            "data.batch_size=4",
+            "data.deterministic=true",
+            "data.max_duration_s=6.0",
+            "data.bucket_boundaries_s=[6.0]",  # one bucket: one compiled shape (tests/test_xla_compilations.py has two)
+            "training.gradient_accumulation_steps=1",
+            "training.precision=fp32",
+            "training.enable_xla_compilation=false",  # XLA gains nothing on this CPU and compiles slowly
+            "training.log_interval=1",
+            "training.warmup_steps=2",
+            "training.log_samples=false",  # synthesis traces its own loop; one test turns it on
+            "training.wer_sentences=0",  # the recognizer's measure costs seconds per validation; one test turns it on
+            *overrides,
+        ]
+    )
+
+
+# The trained run's settings: 6 updates, validation and checkpoints every 3, samples and the
+# recognizer on, decoding in parallel and unordered (the default data.deterministic: false).
+TRAINED_RUN = ("training.max_steps=6", "training.eval_interval=3", "training.checkpoint_interval=3",
+               "training.log_samples=true", "training.wer_sentences=1", "data.deterministic=false",
+               "data.num_workers=4")
+
+
+def build_once(tmp_path_factory, name, build):
+    """`build(folder)` run once per session (under a file lock shared by the xdist workers); the folder."""
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # the session's folder, above every worker's own
+    folder, done = root / name, root / f"{name}.done"
+    with open(root / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        if not done.exists():
+            if folder.exists():  # a build that failed half-way in another worker
+                shutil.rmtree(folder)
+            build(folder)
+            done.touch()
+    return folder
 
 
 @pytest.fixture(scope="session")
 def demo_corpus(tmp_path_factory):
     from myxtts.data.demo_corpus import make_demo_corpus
 
-    return make_demo_corpus(tmp_path_factory.mktemp("demo"), num_utterances=24, seed=0, progress=False)
+    return build_once(tmp_path_factory, "demo",
+                      lambda folder: make_demo_corpus(folder, num_utterances=24, seed=0, progress=False))
+
+
+@pytest.fixture(scope="session")
+def trained_run(demo_corpus, tmp_path_factory):
+    def build(folder):
+        import dataclasses
+
+        import keras
+
+        from myxtts.training.trainer import train
+
+        keras.config.set_dtype_policy("float32")
+        result = train(tiny_config(demo_corpus, *TRAINED_RUN), folder / "run", echo=lambda message: None)
+        summary = {k: v for k, v in dataclasses.asdict(result).items() if k != "workdir"}
+        (folder / "result.json").write_text(json.dumps(summary, default=float), encoding="utf-8")
+
+    folder = build_once(tmp_path_factory, "trained_run", build)
+    return folder / "run"
+
+
+@pytest.fixture(scope="session")
+def trained_result(trained_run):
+    """The trained run's TrainResult fields (a dict), as `train()` returned them."""
+    return json.loads((trained_run.parent / "result.json").read_text(encoding="utf-8"))

@@ -9,10 +9,8 @@ import textwrap
 import numpy as np
 import pytest
 
-from myxtts.config import load_config
 from myxtts.data.phonemes import model_text
 from myxtts.synthesis import Synthesizer
-from myxtts.training.trainer import train
 from utilities import export_model
 
 TEXT = "Hello there."
@@ -47,16 +45,11 @@ CLIENT = textwrap.dedent("""
 
 
 @pytest.fixture(scope="module")
-def exported(demo_corpus, tmp_path_factory):
+def exported(trained_run, tmp_path_factory):
+    """The session's trained tiny run, exported with its TFLite model."""
     root = tmp_path_factory.mktemp("export")
-    config = load_config(overrides=[
-        f"data.train_data={demo_corpus}", "model.size=tiny", "data.batch_size=4", "data.max_duration_s=6.0",
-        "data.bucket_boundaries_s=[6.0]", "training.precision=fp32", "training.enable_xla_compilation=false",
-        "training.max_steps=3", "training.warmup_steps=1", "training.log_samples=false", "training.wer_sentences=0",
-    ])
-    train(config, root / "run", echo=lambda message: None)
-    assert export_model.main(["--run", str(root / "run"), "--out", str(root / "exported"), "--tflite"]) == 0
-    return root / "run", root / "exported"
+    assert export_model.main(["--run", str(trained_run), "--out", str(root / "exported"), "--tflite"]) == 0
+    return trained_run, root / "exported"
 
 
 def test_the_exported_models_speak_as_synthesize_does_without_myxtts(exported, demo_corpus):

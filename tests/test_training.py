@@ -1,6 +1,8 @@
 """The training loop on the tiny model: accumulation, faults, precision, compilation, checkpoints."""
 
 import math
+import types
+from pathlib import Path
 
 import keras
 import numpy as np
@@ -17,26 +19,10 @@ from myxtts.training.step import TrainingModel
 from myxtts.training.run_folder import prepare_text
 from myxtts.training.trainer import train
 
+from conftest import TRAINED_RUN, tiny_config
 
-def _config(corpus, *overrides):
-    return load_config(
-        overrides=[
-            f"data.train_data={corpus}",
-            "model.size=tiny",
-            "data.batch_size=4",
-            "data.deterministic=true",
-            "data.max_duration_s=6.0",
-            "data.bucket_boundaries_s=[6.0]",  # one bucket: one compiled shape (tests/test_xla_compilations.py has two)
-            "training.gradient_accumulation_steps=1",
-            "training.precision=fp32",
-            "training.enable_xla_compilation=false",  # XLA gains nothing on this CPU and compiles slowly
-            "training.log_interval=1",
-            "training.warmup_steps=2",
-            "training.log_samples=false",  # synthesis traces its own loop; one test turns it on
-            "training.wer_sentences=0",  # the recognizer's measure costs seconds per validation; one test turns it on
-            *overrides,
-        ]
-    )
+
+_config = tiny_config
 
 
 @pytest.fixture(scope="module")
@@ -191,14 +177,17 @@ def test_raw_rows_are_phonemized_once_and_a_run_keeps_its_text_frontend(tmp_path
     assert "h" in rebuilt.symbols and "ˈ" not in rebuilt.symbols
 
 
-def test_end_to_end_resume_optimizer_switch_and_no_recompilation(demo_corpus, tmp_path):
+def test_end_to_end_resume_and_no_recompilation(demo_corpus, trained_run, trained_result, tmp_path):
     # One test, because every train() call pays for tracing the step: keep their number small.
-    # Straight: 6 updates. Split: 3 updates, stop, then resume to 6 in the same folder. Under the
-    # default data.deterministic: false, with parallel decoding: the feature cache keeps the order.
+    # Straight (the session's trained run): 6 updates. Split: 3 updates, stop, then resume to 6 in
+    # the same folder. Under the default data.deterministic: false, with parallel decoding: the
+    # feature cache keeps the order.
+    import shutil
+
     unordered = ("data.deterministic=false", "data.num_workers=4")
-    config = _config(demo_corpus, "training.max_steps=6", "training.eval_interval=3", "training.checkpoint_interval=3",
-                     "training.log_samples=true", "training.wer_sentences=1", *unordered)
-    straight = train(config, tmp_path / "straight")
+    config = _config(demo_corpus, *TRAINED_RUN)
+    straight = types.SimpleNamespace(**trained_result)
+    shutil.copytree(trained_run, tmp_path / "straight")
     sample_events = (tmp_path / "straight" / "logs" / "samples").glob("events.out.tfevents.*")
     tags = {v.tag for f in sample_events for e in tf.compat.v1.train.summary_iterator(str(f)) for v in e.summary.value}
     assert {"sample/generated", "sample/generated_mel", "sample/recording_mel"} <= tags, tags
@@ -232,14 +221,21 @@ def test_end_to_end_resume_optimizer_switch_and_no_recompilation(demo_corpus, tm
     for name, value in straight_ckpt.items():
         np.testing.assert_allclose(split_ckpt[name], value, atol=1e-5, err_msg=name)
 
-    # A checkpoint from another optimizer: weights load, optimizer state is skipped, and we say so.
+
+
+def test_a_checkpoint_of_another_optimizer_loads_its_weights_only(demo_corpus, trained_run, tmp_path):
+    import shutil
+
+    shutil.copytree(trained_run, tmp_path / "run")
     messages = []
     switched = train(_config(demo_corpus, "training.max_steps=1", "training.optimizer=prodigy", "training.learning_rate=1.0"),
-                     tmp_path / "straight", echo=messages.append)
+                     tmp_path / "run", echo=messages.append)
     assert any("trained with adamw" in m and "weights only" in m for m in messages), messages
     assert switched.step == 1  # the fresh optimizer counts from 0 again
 
-    _check_synthesis_from_the_run(tmp_path / "split", demo_corpus, tmp_path)
+
+def test_synthesis_and_the_free_running_check_of_a_trained_run(demo_corpus, trained_run, tmp_path):
+    _check_synthesis_from_the_run(trained_run, demo_corpus, tmp_path)
 
 
 def _check_synthesis_from_the_run(run_dir, corpus, tmp_path):
@@ -291,20 +287,21 @@ def _checkpoint_tensors(workdir):
             if name != "save_counter" and not isinstance(value, bytes)}
 
 
-def test_a_run_of_nonfinite_losses_stops_and_keeps_the_last_good_checkpoint(demo_corpus, tmp_path):
-    good = train(_config(demo_corpus, "training.max_steps=2", "training.eval_interval=100"), tmp_path)
-    assert good.step == 2 and not good.stopped_for_nonfinite
+def test_a_run_of_nonfinite_losses_stops_and_keeps_the_last_good_checkpoint(demo_corpus, trained_run, tmp_path):
+    import shutil
+
+    shutil.copytree(trained_run, tmp_path, dirs_exist_ok=True)  # a good run of 6 updates
     saved = _checkpoint_tensors(tmp_path)
-    # Resumed with an absurd learning rate: AdamW moves every weight by about 1e30 in update 3, the
-    # forward pass then overflows, and updates 4, 5, 6 are skipped as non-finite: the guard trips.
+    # Resumed with an absurd learning rate: AdamW moves every weight by about 1e30 in update 7, the
+    # forward pass then overflows, and updates 8, 9, 10 are skipped as non-finite: the guard trips.
     messages = []
     bad = train(_config(demo_corpus, "training.max_steps=20", "training.eval_interval=100", "training.learning_rate=1e30",
                         "training.max_nonfinite_steps=3"), tmp_path, echo=messages.append)
-    assert bad.stopped_for_nonfinite and bad.step == 3, (bad.step, messages)
+    assert bad.stopped_for_nonfinite and bad.step == 7, (bad.step, messages)
     assert any("3 non-finite losses in a row" in m and "learning_rate" in m for m in messages), messages
-    assert any("latest checkpoint stays at step 2" in m for m in messages), messages
+    assert any("latest checkpoint stays at step 6" in m for m in messages), messages
     kept = _checkpoint_tensors(tmp_path)  # the state before the diverging update, loadable and finite
-    assert int(kept["optimizer/iteration"]) == 2
+    assert int(kept["optimizer/iteration"]) == 6
     for name, value in saved.items():
         np.testing.assert_array_equal(kept[name], value, err_msg=name)
 
@@ -320,8 +317,9 @@ def test_too_few_clips_for_one_batch_is_a_clear_error(demo_corpus, tmp_path):
 def test_eager_debug_mode_trains(demo_corpus, tmp_path):
     # training.enable_graph_mode: false (--enable-eager-debug) runs the step as plain Python; it once
     # failed on the first step because a log value was a variable, which Keras' eager loop cannot carry.
+    # No validation set: eager evaluation runs the alignment's frame loops in Python too (half the cost).
     result = train(_config(demo_corpus, "training.enable_graph_mode=false", "training.max_steps=2",
-                           "training.eval_interval=100"), tmp_path / "eager")
+                           "training.eval_interval=100", "data.val_fraction=0.0"), tmp_path / "eager")
     assert result.step == 2 and result.train_function_traces == 2  # eager: the step's Python runs every time
     assert all(math.isfinite(r["loss"]) for r in result.history)
 
@@ -360,13 +358,10 @@ def test_out_of_memory_backs_off_to_half_the_batch_with_twice_the_accumulation(d
 NEW_TOKEN = "ʘ"  # a click: in no demo sentence
 
 
-@pytest.fixture(scope="module")
-def tiny_run(demo_corpus, tmp_path_factory):
-    """A run folder holding one update of the tiny model (its checkpoint, vocab.txt, config.yaml)."""
-    run = tmp_path_factory.mktemp("tiny_run")
-    keras.config.set_dtype_policy("float32")
-    assert train(_config(demo_corpus, "training.max_steps=1", "training.eval_interval=100"), run, echo=lambda m: None).step == 1
-    return run
+@pytest.fixture
+def tiny_run(trained_run):
+    """A run folder of the tiny model (its checkpoints, vocab.txt, config.yaml): the session's trained run."""
+    return trained_run
 
 
 def _manifest_with_a_new_token(corpus, path):
@@ -447,7 +442,7 @@ def test_a_run_folder_that_does_not_fit_is_left_untouched_and_reset_with_init_fr
         assert all(way in message for way in (f"--config {run}/config.yaml", "--output-dir", "--reset-training",
                                               "Nothing in it was written or deleted")), message
     # A checkpoint without its meta file is not "no checkpoint".
-    meta = next((run / "checkpoints" / "latest").glob("ckpt-*.meta.json"))
+    meta = Path(tf.train.latest_checkpoint(str(run / "checkpoints" / "latest")) + ".meta.json")
     hidden = meta.rename(tmp_path / meta.name)
     before = _snapshot(run)
     assert "meta.json is missing" in refused(CheckpointError)
