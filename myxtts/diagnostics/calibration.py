@@ -7,11 +7,13 @@ Three routes, each the real `pipeline.Epochs` with the config's settings and one
     mel_on_device    data.cache_features: false, data.mel_on_device: true: decode and reference
                      on the host, the clip's log-mel in the step (counted there, not here)
 
-On a sample of the corpus (`SAMPLE_CLIPS` clips drawn with the config's seed), each route runs one
-untimed epoch (file cache, graph tracing, the cache fill) and then whole epochs for at least
-`SECONDS_PER_ROUTE`, with `data.num_workers` = every usable core. The rate counts the audio of every
-clip the length filter keeps, once per epoch: that is the work an epoch does (the few clips a
-bucket's last partial batch drops were still decoded). Per core = audio-seconds per CPU-second the
+On a sample of the corpus (`SAMPLE_CLIPS` clips drawn with the config's seed), each route reads the
+endless stream training reads (`Epochs.stream`): one untimed epoch (file cache, graph tracing, the
+cache fill), then at least `MIN_EPOCHS` whole epochs and `SECONDS_PER_ROUTE`, with `data.num_workers` =
+every usable core. (Not `one_pass` epoch after epoch: a new iterator per epoch cost about twice the
+epoch's own CPU time on a 128-clip sample, which training, reading one stream, never pays.) The rate counts the audio of every clip the length filter keeps, once per epoch: that
+is the work an epoch does (the clips a bucket's last partial batch drops were still decoded; on a
+sample they are many, on a whole corpus few). Per core = audio-seconds per CPU-second the
 process used, i.e. the wall-clock rate divided by the cores actually kept busy: on a shared machine
 the wall-clock rate sinks with the others' load, the CPU cost of the work much less.
 
@@ -38,13 +40,18 @@ from myxtts.data.audio import mel_filterbank
 from myxtts.data.manifest import Utterance
 from myxtts.data.pipeline import Epochs
 from myxtts.data.text import Vocabulary
-from myxtts.hardware.capacity_record import CapacityCache, CapacityRecord, ModelCost, RouteRate, record_key
+from myxtts.hardware.capacity_record import (ROUTE_LABELS, CapacityCache, CapacityRecord, ModelCost, RouteRate,
+                                             record_key)
 from myxtts.hardware.host import cpu_model_name, usable_cores
 from myxtts.models.flops import alignment_loop_iterations, clip_training_flops, stft_flops
 from myxtts.models.sizes import MODEL_SIZES
 
 SAMPLE_CLIPS = 128
 SECONDS_PER_ROUTE = 3.0
+# Whole epochs timed at least. An epoch's batches come out before all its clips are decoded (a bucket
+# fills before the epoch ends) and the pipeline works ahead into the next, so counting epochs by their
+# batches is exact only to about one epoch: at least this many keep that error near 1/8.
+MIN_EPOCHS = 8
 ROUTE_SETTINGS = {
     "cached_features": {"cache_features": True, "mel_on_device": False, "cache_dir": ""},
     "on_the_fly": {"cache_features": False, "mel_on_device": False},
@@ -101,7 +108,7 @@ def calibrate(config: Config, rows: list[Utterance], vocabulary: Vocabulary, *, 
     when it holds this corpus, these settings and this CPU (unless `recalibrate`)."""
     cache = cache if cache is not None else CapacityCache()
     sample = random.Random(config.seed).sample(rows, min(clips, len(rows)))
-    settings = _settings(config, len(sample), seconds)
+    settings = _settings(config, len(sample))
     cpu = cpu_model_name()
     key = record_key(corpus, cpu, settings)
     if not recalibrate:
@@ -121,7 +128,8 @@ def calibrate(config: Config, rows: list[Utterance], vocabulary: Vocabulary, *, 
             progress(f"calibrating the host on {len(sample)} clips of {corpus}: filling the feature cache")
             lengths = epochs.clip_lengths()
             audio = _audio_seconds(lengths[0], config.data)
-        routes[route] = _time_route(route, epochs, audio, parallel, seconds, progress)
+            batches = epochs.batches_per_epoch()  # reads the filled cache
+        routes[route] = _time_route(route, epochs, audio, batches, parallel, seconds, progress)
     frames, tokens = lengths
     padded = sum(padded_shape(f, n, config)[0] for f, n in zip(frames, tokens))
     loops = sum(alignment_loop_iterations(padded_shape(f, n, config)[0]) for f, n in zip(frames, tokens))
@@ -147,19 +155,26 @@ def calibrate(config: Config, rows: list[Utterance], vocabulary: Vocabulary, *, 
     return record
 
 
-def _time_route(route: str, epochs: Epochs, audio: float, parallel: int, seconds: float, progress) -> RouteRate:
-    dataset = epochs.one_pass()  # training: every iteration is a new epoch
-    for _ in dataset:  # untimed: file cache, tracing, the cache fill, the reference crops
-        pass
+def _time_route(route: str, epochs: Epochs, audio: float, batches_per_epoch: int, parallel: int, seconds: float,
+                progress) -> RouteRate:
+    """Whole epochs of the endless stream training reads (`Epochs.stream`), after one untimed epoch."""
+    iterator = iter(epochs.stream())
+
+    def one_epoch():
+        # An epoch yields the same number of full batches every time (the buckets keep their clips), so
+        # this many batches are one epoch's work, give or take what prefetching runs ahead.
+        for _ in range(batches_per_epoch):
+            next(iterator)
+
+    one_epoch()  # untimed: file cache, tracing, thread start-up, the reference crops
     count, wall, cpu = 0, time.perf_counter(), time.process_time()
-    while count < 2 or time.perf_counter() - wall < seconds:
-        for _ in dataset:
-            pass
+    while count < MIN_EPOCHS or time.perf_counter() - wall < seconds:
+        one_epoch()
         count += 1
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
     rate = RouteRate(route=route, audio_s_per_cpu_s=count * audio / cpu, audio_s_per_s=count * audio / wall,
                      cores_busy=cpu / wall, parallel_calls=parallel, epochs=count, seconds=wall)
-    progress(f"  {route}: {rate.audio_s_per_s:,.0f} audio-s/s with {parallel} parallel calls, "
+    progress(f"  {ROUTE_LABELS[route]}: {rate.audio_s_per_s:,.0f} audio-s/s with {parallel} parallel calls, "
              f"{rate.cores_busy:.1f} cores busy: {rate.audio_s_per_cpu_s:,.0f} audio-s per CPU-second")
     return rate
 
@@ -169,11 +184,11 @@ def _audio_seconds(frames: list[int], c) -> float:
     return sum(f - 0.5 for f in frames) * c.hop_length / c.sample_rate
 
 
-def _settings(config: Config, clips: int, seconds: float) -> dict:
+def _settings(config: Config, clips: int) -> dict:
     """What the record depends on besides the corpus and the CPU: every data setting that changes the
     work (not the route keys the calibration sets itself), and the training settings of the FLOP count."""
     data = {k: v for k, v in dataclasses.asdict(config.data).items()
             if k not in {"train_data", "val_data", "num_workers", "cache_features", "cache_dir", "mel_on_device",
                          "prefetch_to_gpu", "prefetch_buffer_size"}}
     return {"data": data, "decoder_window": config.training.decoder_window,
-            "gradient_checkpointing": config.training.gradient_checkpointing, "clips": clips, "seconds": seconds}
+            "gradient_checkpointing": config.training.gradient_checkpointing, "clips": clips}
