@@ -75,11 +75,7 @@ def gpu_demand(record: CapacityRecord, model_size: str, device: DeviceSpec, prec
         raise ValueError(f"the calibration has no cost for model size {model_size!r}; it has {sorted(record.models)}")
     cost: ModelCost = record.models[model_size]
     peak, path = device.peak_flops(precision, tf32)
-    # The products' intensity was counted at 2-byte activations; float32 moves twice the bytes.
-    intensity = cost.intensity * 2 / _ITEMSIZE.get(precision, 4)
-    ridge = peak / device.memory_bandwidth
-    cap = intensity / ridge
-    utilization = min(mfu, cap)
+    utilization, cap = roofline_utilization(device, peak, cost.intensity, precision, mfu)
     flops = cost.flops_per_audio_s + (cost.mel_on_device_flops_per_audio_s if mel_on_device else 0.0)
     return GpuDemand(
         model_size=model_size, device=device, precision=precision, path=path, peak_flops=peak, mfu=mfu,
@@ -87,6 +83,15 @@ def gpu_demand(record: CapacityRecord, model_size: str, device: DeviceSpec, prec
         compute_s_per_audio_s=flops / (peak * utilization),
         loop_s_per_audio_s=record.loop_iterations_per_audio_s / batch * loop_iteration_s,
     )
+
+
+def roofline_utilization(device: DeviceSpec, peak: float, intensity: float, precision: str,
+                         mfu: float) -> tuple[float, float]:
+    """(utilization to use, roofline cap): the MFU, unless the products' arithmetic intensity (FLOPs per
+    byte, counted at 2-byte activations) is below the ridge point, where bandwidth caps it lower."""
+    # Float32 moves twice the bytes of the 2-byte count.
+    cap = intensity * 2 / _ITEMSIZE.get(precision, 4) / (peak / device.memory_bandwidth)
+    return min(mfu, cap), cap
 
 
 @dataclass(frozen=True)
