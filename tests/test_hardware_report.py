@@ -65,7 +65,8 @@ def test_json_report_without_tensorflow(tmp_path):
     report = json.loads(result.stdout)
     assert report["machine"]["tensorflow_gpus"] is None
     assert report["plan"]["effective_batch_size"] >= 32
-    assert set(report) == {"machine", "plan", "selection"}
+    assert set(report) == {"machine", "plan", "selection", "capacity"}
+    assert report["capacity"] == {"note": "no GPU"}  # nothing to plan for, and no --capacity-gpu
 
 
 def test_json_report_with_nvml_and_no_tensorflow(tmp_path):
@@ -79,6 +80,7 @@ def test_json_report_with_nvml_and_no_tensorflow(tmp_path):
         "mixed_bfloat16", 2, 16, 1)  # small would take 32 per GPU; capped so 2 x 16 meets the target
     assert report["selection"]["source"] == "default"
     assert any("TensorFlow not importable" in n for n in report["machine"]["notes"])
+    assert report["capacity"] == {"note": "no host calibration"}  # the cache under tmp_path is empty
 
 
 def test_text_report_and_gpu_flag(tmp_path):

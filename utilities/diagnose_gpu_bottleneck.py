@@ -4,6 +4,7 @@
     python utilities/diagnose_gpu_bottleneck.py --config configs/config.yaml --batch-size 16 --num-batches 50
     python utilities/diagnose_gpu_bottleneck.py --config configs/demo.yaml --train-data /tmp/demo400 \\
         --set model.size=small --json report.json --plot timeline.png --apply
+    python utilities/diagnose_gpu_bottleneck.py --config configs/demo.yaml --train-data /tmp/demo400 --simulate-gpu H100
 
 1. Static checks, before anything runs: Python ops in the input pipeline's graph (and which
    transformation holds them), graph mode, XLA, precision, prefetch, caching, bucketing, CPU cores
@@ -14,6 +15,10 @@
    and TensorFlow's own memory peak over (c) (with memory growth on, as in training).
 4. A verdict (input-bound, host-overhead-bound, memory-bound, compute-bound) and ranked config
    changes; --apply writes them into <config>.diagnosed.yaml next to the config, never over it.
+
+--simulate-gpu NAME replaces the model's step by a consumer that holds each batch for the step time
+the capacity plan predicts on that GPU (myxtts/diagnostics/simulated_gpu.py): the real input
+pipeline, timed and judged as in a real run, against a GPU this machine does not have.
 
 The table goes to stdout, progress to stderr. The JSON layout is documented in
 myxtts/diagnostics/report_schema.py. The model, optimizer and step are built as train_main.py
@@ -34,6 +39,8 @@ if str(REPOSITORY_ROOT) not in sys.path:  # run as a script from a checkout
     sys.path.insert(0, str(REPOSITORY_ROOT))
 
 from myxtts.diagnostics.arguments import add_run_arguments, run_overrides  # noqa: E402 - after the path
+from myxtts.hardware.capacity import DEFAULT_MFU, LOOP_ITERATION_S  # noqa: E402
+from myxtts.hardware.devices import DEVICES, device_by_key  # noqa: E402
 
 
 def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
@@ -47,7 +54,21 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--plot", type=Path, help="write a PNG timeline of GPU utilization and input wait")
     parser.add_argument("--apply", action="store_true",
                         help="write the recommended keys into <config>.diagnosed.yaml next to --config")
+    parser.add_argument("--simulate-gpu", metavar="NAME",
+                        help="time the real pipeline against a consumer that takes each batch for its predicted step "
+                             f"time on this GPU ({', '.join(d.key for d in DEVICES)})")
+    parser.add_argument("--mfu", type=float, default=DEFAULT_MFU,
+                        help="with --simulate-gpu: model FLOPs utilization assumed (default: %(default)s)")
+    parser.add_argument("--loop-iteration-us", type=float, default=LOOP_ITERATION_S * 1e6,
+                        help="with --simulate-gpu: GPU time per alignment loop iteration (default: %(default)s)")
     arguments = parser.parse_args(argv)
+    if arguments.simulate_gpu is not None:
+        try:
+            device_by_key(arguments.simulate_gpu)
+        except ValueError as error:
+            parser.error(f"--simulate-gpu: {error}")
+    if not 0 < arguments.mfu <= 1:
+        parser.error(f"--mfu must be in (0, 1], got {arguments.mfu}")
     if arguments.num_batches < 2:
         parser.error(f"--num-batches must be at least 2, got {arguments.num_batches}")
     if arguments.batch_size is not None and arguments.batch_size < 1:
@@ -123,6 +144,15 @@ def run(config, arguments: argparse.Namespace, overrides: list[str]) -> dict:
     from myxtts.hardware.gpu_memory import TensorFlowPeakMemory
 
     facts = detect_machine()
+    if arguments.simulate_gpu and not config.data.num_workers:
+        # The pipeline gets the cores the plan would give it beside that GPU (all but one), not the
+        # half a CPU-only plan leaves it while the model trains on the other half.
+        from myxtts.hardware.capacity import gpu_facts_for
+        from myxtts.hardware.plan import plan_for_machine
+
+        card = gpu_facts_for(device_by_key(arguments.simulate_gpu))
+        workers = plan_for_machine(dataclasses.replace(facts, gpus=(card,)), config.model.size).num_parallel_calls
+        config = dataclasses.replace(config, data=dataclasses.replace(config.data, num_workers=workers))
     _progress("preparing the run as train_main.py would (hardware plan, data, vocabulary)")
     prepared = prepare_run(config, echo=_progress)
     config = prepared.config
@@ -138,6 +168,26 @@ def run(config, arguments: argparse.Namespace, overrides: list[str]) -> dict:
     static = static_checks(config, scan_dataset, policy=prepared.policy, usable_cores=facts.usable_cpu_cores,
                            gpu_available=gpu_available, audio_paths=[u.audio_path for u in prepared.rows])
 
+    machine = {
+        "usable_cpu_cores": facts.usable_cpu_cores,
+        "gpus": [{"name": g.name, "nvml_index": g.nvml_index, "compute_capability": list(g.compute_capability),
+                  "total_memory_bytes": g.total_memory_bytes} for g in facts.gpus],
+        "notes": list(facts.notes),
+    }
+    common = dict(num_batches=arguments.num_batches, static=static, machine=machine, step_repeats=arguments.step_repeats,
+                  config_info={"path": str(arguments.config) if arguments.config else None, "overrides": overrides},
+                  progress=_progress)
+    if arguments.simulate_gpu:
+        from myxtts.diagnostics.simulated_gpu import simulated_gpu
+
+        simulation = simulated_gpu(config, device_by_key(arguments.simulate_gpu), len(prepared.vocabulary),
+                                   arguments.mfu, arguments.loop_iteration_us * 1e-6)
+        _progress(f"simulating {simulation.device.name}: each batch is held for its predicted step time "
+                  f"({simulation.precision}, {arguments.mfu:.0%} MFU); no model is built")
+        return diagnose(prepared.dataset, simulation.compiled_step(), precompile=False,
+                        no_sampler_note=f"simulated {simulation.device.key}: nothing to sample",
+                        simulated=simulation.describe(), **common)
+
     _progress(f"building the {config.model.size} model and its train step "
               f"(XLA {'on' if config.training.enable_xla_compilation else 'off'}, policy {prepared.policy})")
     sample = next(iter(prepared.dataset.take(1)))  # as train() builds its variables
@@ -147,26 +197,15 @@ def run(config, arguments: argparse.Namespace, overrides: list[str]) -> dict:
     sampler = UtilizationSampler(nvml_index=facts.gpus[0].nvml_index or 0) if facts.gpus else None
     # The memory verdict rests on what TensorFlow's allocator held on the trained GPU (CUDA's first).
     device_memory = TensorFlowPeakMemory("GPU:0") if gpu_available else None
-    machine = {
-        "usable_cpu_cores": facts.usable_cpu_cores,
-        "gpus": [{"name": g.name, "nvml_index": g.nvml_index, "compute_capability": list(g.compute_capability),
-                  "total_memory_bytes": g.total_memory_bytes} for g in facts.gpus],
-        "notes": list(facts.notes),
-    }
     return diagnose(
         prepared.dataset,
         setup.step,
-        num_batches=arguments.num_batches,
-        static=static,
-        machine=machine,
-        config_info={"path": str(arguments.config) if arguments.config else None, "overrides": overrides},
         sampler=sampler,
         no_sampler_note=None if facts.gpus else _no_gpu_note(facts),
         device_memory=device_memory,
-        step_repeats=arguments.step_repeats,
         host_work=read_all_metrics,
         compute_capability=facts.gpus[0].compute_capability if facts.gpus else None,
-        progress=_progress,
+        **common,
     )
 
 

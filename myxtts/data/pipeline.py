@@ -207,6 +207,16 @@ class Epochs:
             raise ValueError(f"the {len(self.utterances)} training clips do not fill one batch of {self.batch_size}")
         return count
 
+    def clip_lengths(self) -> tuple[list[int], list[int]]:
+        """(mel frames, tokens) of every clip the length filter keeps, in cache order. Decodes every
+        clip once (with a cache, that pass fills it; afterwards it reads the cache)."""
+        features = self._cached_features if self._cached_features is not None else self._features(self._rows())
+        frames, tokens = [], []
+        for mel_length, text_length in features.map(lambda ex: (ex["mel_length"], ex["text_length"])).batch(4096):
+            frames += mel_length.numpy().tolist()
+            tokens += text_length.numpy().tolist()
+        return frames, tokens
+
     def epoch(self, key) -> tf.data.Dataset:
         """The batches of the epoch whose int64 key is `key` (a scalar tensor)."""
         c = self.data

@@ -12,4 +12,7 @@
     config_patch.py      --apply: a patched copy of the YAML config
     timeline_plot.py     --plot: GPU utilization and per-step input wait over time
     profile_trace.py     a TensorBoard profiler trace of N steps
+    calibration.py       the host's input rate per route (on the fly, cached, mel_on_device), per core, cached
+    capacity.py          the capacity plan of a config on its corpus, for one or more GPUs
+    simulated_gpu.py     --simulate-gpu: a consumer that sleeps each batch's predicted step time
 """

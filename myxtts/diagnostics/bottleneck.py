@@ -37,19 +37,21 @@ class DeviceMemory(Protocol):
 
 
 def gpu_section(series: GpuSeries | None, note: str | None, origin_s: float, end_s: float | None = None,
-                tensorflow_peak_bytes: int | None = None) -> dict:
+                tensorflow_peak_bytes: int | None = None, simulated: dict | None = None) -> dict:
     """The report's `gpu` part; `origin_s` (epoch seconds, the first timed step) is time zero.
 
     Utilization samples outside [origin_s, end_s] (the untimed first step, the thread's start and
     stop) are left out, so the GPU numbers describe the same steps as the timing split.
     `tensorflow_peak_bytes` is TensorFlow's allocator peak over those steps, the memory figure the
-    verdict uses (NVML's used memory counts what the allocator reserved).
+    verdict uses (NVML's used memory counts what the allocator reserved). `simulated` describes the
+    GPU a simulated consumer stood for (`simulated_gpu.SimulatedGpu.describe`), None for a real run.
     """
     if series is None:
         return {"available": False, "note": note, "source": None, "device": None, "samples": 0,
                 "utilization": None, "oscillation": None, "memory_used_bytes": None, "memory_total_bytes": None,
                 "tensorflow_peak_bytes": tensorflow_peak_bytes,
-                "memory_controller_mean": None, "idle_reason_share": None, "errors": 0, "series": []}
+                "memory_controller_mean": None, "idle_reason_share": None, "errors": 0, "series": [],
+                "simulated": simulated}
     end_s = np.inf if end_s is None else end_s
     kept = [(t, u) for t, u in zip(series.times_s, series.utilization) if origin_s <= t <= end_s]
     times, values = [t for t, _ in kept], [u for _, u in kept]
@@ -70,6 +72,7 @@ def gpu_section(series: GpuSeries | None, note: str | None, origin_s: float, end
         "idle_reason_share": series.idle_reason_ticks / series.reason_ticks if series.reason_ticks else None,
         "errors": series.errors,
         "series": [[round(t - origin_s, 4), float(u)] for t, u in kept],
+        "simulated": simulated,
     }
 
 
@@ -88,12 +91,14 @@ def diagnose(
     step_repeats: int | None = None,
     host_work: Callable[[Any], Any] = lambda outputs: None,
     compute_capability: tuple[int, int] | None = None,
+    simulated: dict | None = None,
     progress: Callable[[str], None] = lambda message: None,
 ) -> dict:
     """Measure, decide and recommend; returns the report (see `report_schema`).
 
     `device_memory`, when given, has its peak reset before (c) and read after it: the memory the
-    training steps really held, which the memory verdict rests on.
+    training steps really held, which the memory verdict rests on. `simulated`: the description of
+    the GPU a simulated `step` stands for (`--simulate-gpu`), reported as `gpu.simulated`.
     """
     progress(f"(a) input pipeline alone: {num_batches} batches")
     pipeline, seen = timing.measure_input_pipeline(dataset, num_batches, progress)
@@ -130,7 +135,7 @@ def diagnose(
     training = timing.summarize_training(records)
     origin = records[0].start_s if records else time.time()
     end = records[-1].start_s + records[-1].total_s if records else origin
-    gpu = gpu_section(series, note, origin, end, tensorflow_peak_bytes=peak)
+    gpu = gpu_section(series, note, origin, end, tensorflow_peak_bytes=peak, simulated=simulated)
 
     measurements = {"input_pipeline": pipeline, "precompile": compiled, "step_alone": step_alone,
                     "training": training}

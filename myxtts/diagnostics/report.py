@@ -90,6 +90,14 @@ def _measurement_lines(report: dict) -> list[str]:
 
 def _gpu_lines(report: dict) -> list[str]:
     gpu = report["gpu"]
+    simulated = gpu.get("simulated")
+    if simulated:
+        return [f"GPU: simulated {simulated['name']} ({simulated['device']}): each batch held for its predicted step "
+                "time, FLOPs of its padded shapes (models/flops.py) / (peak x MFU) + the alignment loops",
+                f"  peak: {simulated['peak_path']} {simulated['peak_flops'] / 1e12:,.1f} TFLOP/s dense, "
+                f"{simulated['memory_bandwidth'] / 1e9:,.0f} GB/s  [{simulated['spec_source']}]",
+                f"  {simulated['mfu']:.0%} MFU  [{simulated['mfu_source']}]",
+                f"  {simulated['loop_iteration_s'] * 1e6:.0f} us per alignment loop iteration  [{simulated['loop_source']}]"]
     if not gpu["available"]:
         return [f"GPU: {gpu['note'] or 'not sampled'}"]
     lines = [f"GPU: {gpu['device']}, {gpu['samples']} samples ({gpu['source'].replace('_', ' ')})"]

@@ -7,8 +7,9 @@ shares are fractions in [0, 1]; utilization is percent; `null` means "not measur
 
 Fields:
 
-- `schema_version`: 2 for this layout (2: `gpu.tensorflow_peak_bytes` added; the memory verdict
-  uses it instead of `gpu.memory_used_bytes`); raised when a field changes meaning.
+- `schema_version`: 3 for this layout (2: `gpu.tensorflow_peak_bytes` added; the memory verdict
+  uses it instead of `gpu.memory_used_bytes`; 3: `gpu.simulated` added); raised when a field
+  changes meaning.
 - `created_utc`: when the report was made, ISO 8601 in UTC.
 - `config.path`: the YAML given with --config, or null. `config.overrides`: the `key=value`
   overrides applied on top (flags and --set), in order.
@@ -55,6 +56,12 @@ Fields:
   GPU TensorFlow sees), `gpu.memory_controller_mean` (percent
   busy), `gpu.idle_reason_share` (share of reads with the "GPU idle" clock-event reason set),
   `gpu.errors` (failed NVML reads), `gpu.series` ([seconds from the first step, percent] pairs).
+- `gpu.simulated` (null unless `--simulate-gpu`): the GPU the consumer stood for, each batch held for
+  its predicted step time (`diagnostics/simulated_gpu.py`): `device` (its key, e.g. H100), `name`,
+  `precision` (the Keras policy the plan picks for it), `peak_path` (which peak: bf16 tensor cores,
+  ...), `peak_flops` (dense FLOP/s) and `memory_bandwidth` (bytes/s), both from `spec_source`; `mfu`
+  (the assumed utilization) and `mfu_source`; `loop_iteration_s` (GPU time per iteration of the
+  alignment's loops) and `loop_source`. Then `gpu.available` is false: nothing was sampled.
 - `verdict.kind`: input-bound, host-overhead-bound, memory-bound or compute-bound;
   `verdict.input_classification`: as in `measurements.training`; `verdict.reasons`: why.
 - `recommendations[]`: ranked changes: `rank` (1 first), `key` (the config key, or null for a
@@ -66,7 +73,7 @@ from __future__ import annotations
 
 from typing import Any, Iterator
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 _NUMBER = {"type": "number"}
 _OPTIONAL_NUMBER = {"type": ["number", "null"]}
@@ -191,6 +198,12 @@ REPORT_SCHEMA: dict = _object({
         "idle_reason_share": {"type": ["number", "null"], "minimum": 0, "maximum": 1},
         "errors": _COUNT,
         "series": _list({"type": "array", "items": _NUMBER, "minItems": 2, "maxItems": 2}),
+        "simulated": _object({
+            "device": {"type": "string"}, "name": {"type": "string"}, "precision": {"type": "string"},
+            "peak_path": {"type": "string"}, "peak_flops": _NUMBER, "memory_bandwidth": _NUMBER,
+            "spec_source": {"type": "string"}, "mfu": _SHARE, "mfu_source": {"type": "string"},
+            "loop_iteration_s": _NUMBER, "loop_source": {"type": "string"},
+        }, nullable=True),
     }),
     "verdict": _object({
         "kind": {"type": "string", "enum": ["input-bound", "host-overhead-bound", "memory-bound", "compute-bound"]},

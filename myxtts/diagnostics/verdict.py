@@ -102,7 +102,10 @@ def decide(training: dict, gpu: dict | None, pipeline: dict | None = None, step_
             return Verdict("memory-bound", reasons + [
                 f"TensorFlow's peak was {held:.0%} of GPU memory: no room for a larger batch, close to running out"])
     compiled_share = training["compiled_step"]["share"]
-    where = "" if gpu and gpu.get("available") else " (no GPU: the step runs on the CPU, so a GPU is the fix)"
+    simulated = (gpu or {}).get("simulated")
+    where = "" if gpu and gpu.get("available") else (
+        f" (a simulated {simulated['device']}: each batch held for its predicted step time)" if simulated else
+        " (no GPU: the step runs on the CPU, so a GPU is the fix)")
     return Verdict("compute-bound", reasons + [
         f"the compiled step is {compiled_share:.0%} of the step: the model's own math is the limit{where}"])
 
@@ -143,7 +146,8 @@ def recommend(verdict: Verdict, static: dict, measurements: dict, gpu: dict | No
     settings = static["settings"]
     training = measurements["training"]
     out = _Ranked(settings)
-    gpu_on = bool(gpu and gpu.get("available"))
+    # A simulated GPU counts for the advice that only makes sense with one (prefetch to it, mel on it).
+    gpu_on = bool(gpu and (gpu.get("available") or gpu.get("simulated")))
     held = memory_share(gpu)
 
     def input_changes():

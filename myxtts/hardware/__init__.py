@@ -9,6 +9,10 @@
 - `gpu_memory`: TensorFlow's memory growth and its own allocator peak.
 - `select`: which GPUs to use (`--gpu`, a saved choice, or a question on a terminal).
 - `report`: the readable and JSON reports behind `python -m myxtts.hardware`.
+- `devices`: the GPUs' dense peaks and memory bandwidth, from the vendors' spec sheets.
+- `capacity`: will this host feed the GPU: the GPU's demand in audio-seconds per second against the
+  host's measured rate per input route; `capacity_record` stores a host calibration (made by
+  `myxtts.diagnostics.calibration`) as plain numbers, in a JSON cache.
 
 Nothing in this package imports TensorFlow at module level, nor anything from data, models or
 training (tests/test_imports.py).

@@ -1,7 +1,9 @@
-"""`python -m myxtts.hardware [--json] [--model-size base]`: what this machine is and what plan fits it.
+"""`python -m myxtts.hardware [--json] [--model-size base] [--capacity-gpu H100]`: what this machine is,
+what plan fits it, and whether its CPU can feed the GPU.
 
 Runs without TensorFlow (it is queried only with `--tensorflow`) and never prompts: with several GPUs
-and no `--gpu`, it shows the plan for the saved or default choice.
+and no `--gpu`, it shows the plan for the saved or default choice. The capacity plan needs a host
+calibration of this CPU model, which `utilities/capacity_plan.py` makes (and caches) on a corpus.
 """
 
 from __future__ import annotations
@@ -10,10 +12,16 @@ import argparse
 import json
 import sys
 
-from myxtts.hardware.detect import detect_machine
+from myxtts.hardware.capacity import DEFAULT_MFU, LOOP_ITERATION_S, plan_capacity
+from myxtts.hardware.capacity_record import CapacityCache
+from myxtts.hardware.detect import MachineFacts, detect_machine
+from myxtts.hardware.devices import DEVICES, device_by_key, device_for_gpu_name
+from myxtts.hardware.host import cpu_model_name
 from myxtts.hardware.plan import MODEL_SIZE_BATCH_MULTIPLIER, PRECISION_ALIASES, RequestedSettings, plan_for_machine
 from myxtts.hardware.report import build_report, format_report
 from myxtts.hardware.select import select_gpus
+
+CALIBRATE_COMMAND = "python utilities/capacity_plan.py --config <your config> --train-data <your corpus>"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -26,7 +34,36 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--batch-size", default="auto")
     parser.add_argument("--effective-batch-size", type=int, default=0, help="0: the default 32")
     parser.add_argument("--precision", default="auto", choices=sorted(PRECISION_ALIASES))
+    parser.add_argument("--capacity-gpu", default=None, metavar="NAME",
+                        help=f"plan the capacity for this GPU instead of the one used ({', '.join(d.key for d in DEVICES)})")
+    parser.add_argument("--mfu", type=float, default=DEFAULT_MFU,
+                        help="model FLOPs utilization assumed for the GPU (default: %(default)s)")
     return parser.parse_args(argv)
+
+
+def capacity_section(facts: MachineFacts, gpu_names: list[str], args: argparse.Namespace,
+                     cache: CapacityCache | None = None) -> tuple[list[str], dict]:
+    """(report lines, JSON object) of the capacity plan for the GPU used or `--capacity-gpu`."""
+    if args.capacity_gpu:
+        devices = [device_by_key(args.capacity_gpu)]
+    else:
+        devices = [device_for_gpu_name(name) for name in dict.fromkeys(gpu_names)]
+        unknown = [name for name, device in zip(dict.fromkeys(gpu_names), devices) if device is None]
+        if unknown:
+            return ([f"Capacity: {', '.join(unknown)} is not in the spec-sheet table (myxtts/hardware/devices.py); "
+                     "pass --capacity-gpu with a known card"], {"note": "GPU not in the spec-sheet table"})
+    if not devices:
+        return ([f"Capacity: no GPU to plan for; pass --capacity-gpu NAME to ask about one "
+                 f"({', '.join(d.key for d in DEVICES)})"], {"note": "no GPU"})
+    record = (cache or CapacityCache()).latest_for_cpu(cpu_model_name())
+    if record is None:
+        return ([f"Capacity: no host calibration for this CPU yet; measure it with: {CALIBRATE_COMMAND}"],
+                {"note": "no host calibration"})
+    batch = 0 if args.batch_size == "auto" else int(args.batch_size)
+    plans = [plan_capacity(record, device, facts, args.model_size, batch_size=batch, precision=args.precision,
+                           mfu=args.mfu, loop_iteration_s=LOOP_ITERATION_S) for device in devices]
+    lines = [line for plan in plans for line in plan.lines()]
+    return lines, {"plans": [plan.to_dict() for plan in plans]}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -37,14 +74,16 @@ def main(argv: list[str] | None = None) -> int:
     facts = detect_machine(query_tensorflow=args.tensorflow)
     try:
         selection = select_gpus(facts, args.gpu, interactive=False)
+        chosen = facts.with_gpus(selection.indices)
+        capacity_lines, capacity = capacity_section(facts, [g.name for g in chosen.gpus], args)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    plan = plan_for_machine(facts.with_gpus(selection.indices), args.model_size, requested)
+    plan = plan_for_machine(chosen, args.model_size, requested)
     if args.json:
-        print(json.dumps(build_report(facts, plan, selection), indent=2))
+        print(json.dumps({**build_report(facts, plan, selection), "capacity": capacity}, indent=2))
     else:
-        print(format_report(facts, plan, selection))
+        print(format_report(facts, plan, selection) + "\n\n" + "\n".join(capacity_lines))
     return 0
 
 

@@ -142,6 +142,18 @@ def cpu_bf16_flags(paths: HostPaths) -> tuple[str, ...]:
     return tuple(flag for flag in BF16_CPU_FLAGS if flag in flags)
 
 
+def cpu_model_name(paths: HostPaths | None = None) -> str:
+    """The CPU's model name from /proc/cpuinfo ("AMD EPYC 7B13"), else the platform's word for it."""
+    paths = paths or HostPaths()
+    text = _read(paths.proc / "cpuinfo") or ""
+    name = next((line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("model name")), "")
+    if name:
+        return name
+    import platform  # only off Linux, where there is no cpuinfo
+
+    return platform.processor() or platform.machine() or "unknown CPU"
+
+
 def physical_ram_bytes(paths: HostPaths) -> int | None:
     """Total RAM of the machine (or of the WSL2 VM), None where it cannot be read."""
     meminfo = _read(paths.proc / "meminfo")

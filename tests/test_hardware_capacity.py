@@ -1,0 +1,140 @@
+"""The capacity plan's arithmetic and route choice on made-up calibrations, the spec-sheet table, the
+record cache, and `python -m myxtts.hardware --capacity-gpu`."""
+
+import dataclasses
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from myxtts.hardware.capacity import DEFAULT_MFU, choose_route, gpu_demand, gpu_facts_for, plan_capacity
+from myxtts.hardware.capacity_record import CapacityCache, CapacityRecord, ModelCost, RouteRate
+from myxtts.hardware.detect import MachineFacts
+from myxtts.hardware.devices import DEVICES, DeviceSpec, device_by_key, device_for_gpu_name
+from myxtts.hardware.host import cpu_model_name
+from myxtts.hardware.plan import plan_for_machine
+
+REPO = Path(__file__).resolve().parents[1]
+PROFILES = REPO / "tests" / "data" / "device_profiles"
+
+
+def record(on_the_fly=500.0, cached=10_000.0, mel_on_device=700.0, flops=5e9, intensity=300.0, loops=400.0,
+           cpu="Test CPU", created="2026-11-23T00:00:00+00:00") -> CapacityRecord:
+    rates = {"on_the_fly": on_the_fly, "cached_features": cached, "mel_on_device": mel_on_device}
+    return CapacityRecord(
+        key=f"key-{cpu}-{created}".replace(" ", "_").replace(":", ""), created_utc=created, cpu_model=cpu,
+        usable_cores=2, load_average=(1.0, 1.0), corpus="/data/corpus", clips=100, audio_seconds=600.0,
+        tokens_per_audio_s=15.0, padding=1.1, batch_size=0, loop_iterations_per_audio_s=loops,
+        settings={"decoder_window": 0},
+        routes={name: RouteRate(name, rate, rate * 0.8, 1.6, 2, 3, 3.0) for name, rate in rates.items()},
+        models={"base": ModelCost(flops, flops / 3, 0.01 * flops, intensity)},
+    )
+
+
+def test_every_profiled_gpu_is_in_the_table_or_said_to_be_missing():
+    names = {json.loads(path.read_text())["gpus"][0]["name"]
+             for path in PROFILES.glob("*.json") if json.loads(path.read_text())["gpus"]}
+    missing = {name for name in names if device_for_gpu_name(name) is None}
+    assert missing == {"NVIDIA GeForce RTX 3060", "NVIDIA RTX PRO 6000 Blackwell Workstation Edition"}
+    assert device_for_gpu_name("NVIDIA A100-SXM4-80GB").key == "A100-80GB"
+    assert device_for_gpu_name("NVIDIA A10").key == "A10"  # not taken for an A100, nor an A100 for it
+    assert device_for_gpu_name("NVIDIA GeForce RTX 2080 Ti") is None  # another card than the RTX 2080
+    assert device_by_key("h100") is device_by_key("NVIDIA H100 80GB HBM3")
+    with pytest.raises(ValueError, match="known: H100"):
+        device_by_key("H1000")
+
+
+@pytest.mark.parametrize("device", DEVICES, ids=lambda d: d.key)
+def test_the_plans_precision_gets_the_cards_tensor_cores(device):
+    plan = plan_for_machine(MachineFacts(gpus=(gpu_facts_for(device),), usable_cpu_cores=8), "base")
+    peak, path = device.peak_flops(plan.precision, plan.tf32)
+    assert path == ("bf16 tensor cores" if device.compute_capability >= (8, 0) else "fp16 tensor cores")
+    assert peak > 1.9 * device.fp32_flops  # dense tensor-core rates: ~2x (GeForce) to 15x the CUDA cores
+    assert device.peak_flops("float32", tf32=True)[1] == ("TF32 tensor cores" if device.tf32_flops else
+                                                          "fp32 (no tensor cores)")
+
+
+def test_demand_is_arithmetic_time_plus_loop_time_per_audio_second():
+    h100 = device_by_key("H100")
+    demand = gpu_demand(record(), "base", h100, "mixed_bfloat16", True, batch=16)
+    compute = 5e9 / (989.4e12 * DEFAULT_MFU)
+    loops = 400.0 / 16 * 10e-6
+    assert demand.audio_s_per_s == pytest.approx(1 / (compute + loops))
+    assert demand.compute_bound_audio_s_per_s == pytest.approx(1 / compute)
+    # A larger batch runs the loops once for more clips.
+    assert gpu_demand(record(), "base", h100, "mixed_bfloat16", True, batch=32).audio_s_per_s > demand.audio_s_per_s
+    # Below the ridge point the bandwidth, not the assumed MFU, sets the utilization.
+    starved = dataclasses.replace(h100, memory_bandwidth=h100.bf16_flops / 1000)  # ridge 1000 FLOP/byte
+    capped = gpu_demand(record(intensity=100.0), "base", starved, "mixed_bfloat16", True, batch=16)
+    assert capped.utilization == pytest.approx(0.1) and capped.roofline_cap == pytest.approx(0.1)
+    with pytest.raises(ValueError, match="--mfu"):
+        gpu_demand(record(), "base", h100, "mixed_bfloat16", True, batch=16, mfu=0.0)
+
+
+def _slow_gpu(flops_per_s: float) -> DeviceSpec:
+    return DeviceSpec("SLOW", "Slow GPU", (8, 0), 16 * 2**30, flops_per_s, flops_per_s, flops_per_s, flops_per_s,
+                      1e15, "test device")
+
+
+def test_route_choice_takes_the_simplest_route_that_feeds():
+    calibration = record(loops=0.0)
+
+    def choice(audio_s_per_s, cores=1):
+        demand = gpu_demand(calibration, "base", _slow_gpu(audio_s_per_s * 5e9 / 0.4), "mixed_bfloat16", True, 16)
+        assert demand.audio_s_per_s == pytest.approx(audio_s_per_s)
+        return choose_route(calibration, demand, demand, cores)
+
+    assert choice(400).route == "on_the_fly"
+    assert choice(400).advice == "every route keeps it fed; on the fly is enough"
+    high = choice(2_000)
+    assert (high.route, high.feeds) == ("cached_features", True) and "first epoch" in high.advice
+    assert [s.cores_needed for s in high.supplies] == [4, 1, 3]
+    assert choice(2_000, cores=4).route == "on_the_fly"  # four cores of 500 each
+    hopeless = choice(50_000)
+    assert (hopeless.route, hopeless.feeds) == ("cached_features", False)
+    assert "no route keeps it fed" in hopeless.advice and "needs 5 input cores" in hopeless.advice
+
+
+def test_plan_capacity_uses_the_hardware_plan_for_the_card_and_prints_every_source():
+    facts = MachineFacts(usable_cpu_cores=16, ram_bytes=64 * 2**30)
+    plan = plan_capacity(record(), device_by_key("H100"), facts, "base")
+    assert (plan.demand.precision, plan.demand.batch, plan.input_cores) == ("mixed_bfloat16", 16, 15)
+    text = "\n".join(plan.lines())
+    for expected in ("from spec sheets: NVIDIA H100 Tensor Core GPU datasheet", "40% MFU  [assumed:",
+                     "jax-ml/jax#2491", "models/flops.py on 100 clips of /data/corpus", "Host: Test CPU, measured",
+                     "per core = audio-seconds per CPU-second used", "with 15 input cores"):
+        assert expected in text, expected
+    assert "measured" not in next(line for line in text.splitlines() if "GPU peak" in line)  # spec sheets, not measured
+    assert plan.summary().startswith("base model on H100 (bf16) at 40% MFU eats ~")
+    assert json.loads(json.dumps(plan.to_dict()))["route"] == plan.choice.route
+
+
+def test_cache_round_trip_and_latest_record_of_this_cpu(tmp_path, caplog):
+    cache = CapacityCache(tmp_path)
+    old, new = record(created="2026-11-01T00:00:00+00:00"), record(created="2026-11-20T00:00:00+00:00")
+    for item in (new, old, record(cpu="Other CPU", created="2026-11-30T00:00:00+00:00")):
+        cache.store(item)
+    assert cache.load(old.key) == old
+    assert cache.latest_for_cpu("Test CPU") == new
+    (tmp_path / "broken.json").write_text("{")
+    assert cache.latest_for_cpu("Test CPU") == new and "unreadable" in caplog.text
+    assert cache.load("absent") is None
+
+
+def test_hardware_module_prints_the_capacity_plan_for_a_card_it_does_not_have(tmp_path):
+    calibration = record(cpu=cpu_model_name())
+    CapacityCache(tmp_path / "cache" / "capacity").store(calibration)
+    env = {key: value for key, value in os.environ.items() if key != "CUDA_VISIBLE_DEVICES"}
+    env.update(PYTHONPATH=str(REPO), MYXTTS_CACHE_DIR=str(tmp_path / "cache"))
+    result = subprocess.run([sys.executable, "-m", "myxtts.hardware", "--capacity-gpu", "T4", "--mfu", "0.3"],
+                            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert "Capacity plan: base model on Tesla T4 (T4), batch 6" in result.stdout
+    assert "fp16 tensor cores 65.0 TFLOP/s dense" in result.stdout
+    summary = next(line for line in result.stdout.splitlines() if line.startswith("  -> "))
+    expected = 1 / (5e9 / (65e12 * 0.3) + 400.0 / 6 * 10e-6)
+    assert f"eats ~{expected:,.0f} audio-s/s" in summary and math.isfinite(expected)

@@ -1,0 +1,78 @@
+#!/usr/bin/env python3
+"""Will this host feed a GPU? How many audio-seconds per second the GPU would train on, against what
+this CPU's input pipeline delivers on each route (on the fly, cached features, mel_on_device).
+
+    python utilities/capacity_plan.py --config configs/demo.yaml --train-data demo_corpus --gpu H100
+    python utilities/capacity_plan.py --config configs/config.yaml --train-data /data/ljspeech --gpu all
+
+The first run times the real pipeline on a sample of the corpus (about half a minute; cached under
+~/.cache/myxtts/capacity per corpus, settings and CPU model, `--recalibrate` to time it again). The
+GPU side is arithmetic: the model's FLOPs on the corpus's clips (myxtts/models/flops.py), the cards'
+peaks from their spec sheets (myxtts/hardware/devices.py), an assumed MFU (--mfu) and an assumed
+cost per iteration of the alignment's loops. Every number is printed with its source.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+REPOSITORY_ROOT = Path(__file__).resolve().parent.parent
+if str(REPOSITORY_ROOT) not in sys.path:  # run as a script from a checkout
+    sys.path.insert(0, str(REPOSITORY_ROOT))
+
+from myxtts.diagnostics.arguments import add_run_arguments, run_overrides  # noqa: E402 - after the path
+from myxtts.hardware.capacity import DEFAULT_MFU, LOOP_ITERATION_S  # noqa: E402
+from myxtts.hardware.devices import DEVICES  # noqa: E402
+
+
+def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_run_arguments(parser)
+    parser.add_argument("--gpu", action="append", default=[], metavar="NAME",
+                        help=f"GPU to plan for, repeatable, or 'all' (default: this machine's, else H100); known: "
+                             f"{', '.join(d.key for d in DEVICES)}")
+    parser.add_argument("--mfu", type=float, default=DEFAULT_MFU, help="model FLOPs utilization (default: %(default)s)")
+    parser.add_argument("--loop-iteration-us", type=float, default=LOOP_ITERATION_S * 1e6,
+                        help="GPU time per iteration of the alignment's loops (default: %(default)s)")
+    parser.add_argument("--recalibrate", action="store_true", help="time the host again instead of using the cache")
+    parser.add_argument("--json", type=Path, help="also write the plans and the calibration as JSON to this file")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    arguments = parse_arguments(argv)
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before TensorFlow is imported
+    from myxtts.config import ConfigError, load_config
+    from myxtts.data.manifest import ManifestError
+    from myxtts.diagnostics.capacity import capacity_plans, capacity_table, host_calibration
+    from myxtts.hardware.detect import detect_machine
+    from myxtts.hardware.devices import device_by_key, device_for_gpu_name
+
+    facts = detect_machine()
+    try:
+        names = [key for name in arguments.gpu for key in ([d.key for d in DEVICES] if name == "all" else [name])]
+        devices = [device_by_key(name) for name in names]
+        if not devices:
+            devices = [d for d in (device_for_gpu_name(g.name) for g in facts.gpus) if d] or [device_by_key("H100")]
+        config = load_config(arguments.config, overrides=run_overrides(arguments))
+        record = host_calibration(config, recalibrate=arguments.recalibrate,
+                                  progress=lambda message: print(message, file=sys.stderr, flush=True))
+        plans = capacity_plans(config, record, devices, facts, arguments.mfu, arguments.loop_iteration_us * 1e-6)
+    except (ConfigError, ManifestError, FileNotFoundError, ValueError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    print("\n\n".join("\n".join(plan.lines()) for plan in plans))
+    if len(plans) > 1:
+        print("\n" + "\n".join(capacity_table(plans)))
+    if arguments.json:
+        arguments.json.write_text(json.dumps({"calibration": record.to_dict(),
+                                              "plans": [plan.to_dict() for plan in plans]}, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
