@@ -77,7 +77,9 @@ def test_input_wait_with_the_copy_to_the_device_as_the_last_stage(tmp_path):
     fast = _train_and_read_scalars(ready, tmp_path / "fast", copy_to_device=True)
     slow = _train_and_read_scalars(ready.map(_slow_fetch), tmp_path / "slow", copy_to_device=True, steps=2 * STEPS)
     assert len(fast["input_wait_ms"]) == STEPS and len(slow["input_wait_ms"]) == 2 * STEPS
-    assert max(fast["input_wait_ms"]) < INPUT_S * 1000 / 4, fast["input_wait_ms"]
+    # The first fetch also starts the copy's thread (39 ms once on the loaded 2-core machine): the
+    # steps after it find their batch ready.
+    assert max(fast["input_wait_ms"][1:]) < INPUT_S * 1000 / 4, fast["input_wait_ms"]
     # The copy's thread fetches the next batch while the step computes, so once the batches it got
     # ahead by during the first (tracing) step are used up, a step waits INPUT_S - COMPUTE_S (50 ms),
     # not the fetch's 100 ms that a clock on the pipeline side would count for the copy thread.

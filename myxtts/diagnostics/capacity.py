@@ -20,7 +20,7 @@ from myxtts.hardware.capacity import DEFAULT_MFU, LOOP_ITERATION_S, CapacityPlan
 from myxtts.hardware.capacity_record import ROUTE_LABELS, ROUTES, CapacityCache, CapacityRecord
 from myxtts.hardware.detect import MachineFacts
 from myxtts.hardware.devices import DeviceSpec
-from myxtts.training.trainer import load_splits
+from myxtts.training.run_setup import load_splits
 
 
 def host_calibration(config: Config, *, cache: CapacityCache | None = None, recalibrate: bool = False,
