@@ -142,6 +142,13 @@ def cpu_bf16_flags(paths: HostPaths) -> tuple[str, ...]:
     return tuple(flag for flag in BF16_CPU_FLAGS if flag in flags)
 
 
+def cpu_model_name(paths: HostPaths) -> str:
+    """The first processor's "model name" from /proc/cpuinfo ("AMD EPYC"), "" where there is none
+    (macOS, Windows, and ARM kernels, which do not write that line)."""
+    text = _read(paths.proc / "cpuinfo") or ""
+    return next((line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("model name")), "")
+
+
 def physical_ram_bytes(paths: HostPaths) -> int | None:
     """Total RAM of the machine (or of the WSL2 VM), None where it cannot be read."""
     meminfo = _read(paths.proc / "meminfo")
