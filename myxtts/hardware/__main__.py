@@ -10,6 +10,7 @@ import argparse
 import json
 import sys
 
+from myxtts.hardware.cpu_precision import cached_timings
 from myxtts.hardware.detect import detect_machine
 from myxtts.hardware.plan import MODEL_SIZE_BATCH_MULTIPLIER, PRECISION_ALIASES, RequestedSettings, plan_for_machine
 from myxtts.hardware.report import build_report, format_report
@@ -41,10 +42,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     plan = plan_for_machine(facts.with_gpus(selection.indices), args.model_size, requested)
+    # What training measured on this CPU before, if anything: the plan's precision is only the prior.
+    timings = cached_timings(facts) if plan.probe_precision else []
     if args.json:
-        print(json.dumps(build_report(facts, plan, selection), indent=2))
+        print(json.dumps(build_report(facts, plan, selection, timings), indent=2))
     else:
-        print(format_report(facts, plan, selection))
+        print(format_report(facts, plan, selection, timings))
     return 0
 
 
