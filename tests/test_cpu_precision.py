@@ -93,6 +93,7 @@ def test_bf16_is_chosen_when_it_is_at_least_ten_percent_faster(child):
     again = child.probe(EPYC, "crash")
     assert (again.precision, again.sources["precision"]) == (plan.precision, plan.sources["precision"])
     assert len(child.starts()) == 1
+    assert child.messages[-1] == "precision: mixed_bfloat16, " + plan.sources["precision"].removeprefix("auto: ")
 
     # Another CPU model is another entry: timed afresh, where bf16 is slower.
     xeon = child.probe(XEON, _line([1.0, 1.0, 1.0], [2.5, 2.4, 2.6]))

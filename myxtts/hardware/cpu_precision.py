@@ -242,8 +242,9 @@ def probe_cpu_precision(config: Config, plan: Plan, facts: MachineFacts, *, chil
             echo(f"precision: {message}")
             return _flags_rule(plan, facts, f"the probe failed: {error}")
         cache.store(key, timing)
-        echo(f"precision: {timing.describe()}; the probe took {timing.probe_seconds:.0f} s")
+        echo(f"precision: the probe took {timing.probe_seconds:.0f} s")
     source = f"auto: measured on {key.cpu_model}: {timing.describe()} (cached in {path})"
+    echo(f"precision: {timing.chosen()}, {source.removeprefix('auto: ')}")
     return with_precision(plan, timing.chosen(), source)
 
 
