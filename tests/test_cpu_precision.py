@@ -50,9 +50,10 @@ def _line(fp32, bf16, errors=None):
 
 
 @pytest.fixture
-def child(tmp_path):
+def child(tmp_path, monkeypatch):
     """probe(facts, answer) runs probe_cpu_precision with the fake child answering `answer`;
-    `starts()` lists the configs the child was started with."""
+    `starts()` lists the configs the child was started with. The machine's load reads 0.4."""
+    monkeypatch.setattr(os, "getloadavg", lambda: (0.4, 0.5, 0.5))
     (tmp_path / "fake_precision_child.py").write_text(FAKE_CHILD)
     log = tmp_path / "child.log"
     cache = precision_cache(tmp_path / "cache")
@@ -79,12 +80,12 @@ def child(tmp_path):
     return Child()
 
 
-def test_bf16_is_chosen_when_it_is_at_least_ten_percent_faster(child):
+def test_bf16_is_chosen_when_it_is_at_least_ten_percent_faster(child, monkeypatch):
     plan = child.probe(EPYC, _line([1.04, 1.10, 1.02, 1.04, 1.30], [0.93, 0.90, 0.95, 0.93, 1.20]))
     assert plan.precision == "mixed_bfloat16" and not plan.probe_precision and not plan.loss_scaling
     path = child.cache.path_for(precision_key(child.config, plan, EPYC))
     assert plan.sources["precision"] == (
-        f"auto: measured on AMD EPYC 9B14: bf16 0.93 s/step vs fp32 1.04 s/step (median of 5): "
+        f"auto: measured on AMD EPYC 9B14 (load 0.4 on 2 cores): bf16 0.93 s/step vs fp32 1.04 s/step (median of 5): "
         f"bf16 is 11% faster (>= 10%) (cached in {path})")
     assert child.starts() == [{"batch_size": 16, "accumulation": 1}]  # the plan's batch is what is timed
     assert json.loads(path.read_text())["key"]["cpu_model"] == "AMD EPYC 9B14"
@@ -95,11 +96,18 @@ def test_bf16_is_chosen_when_it_is_at_least_ten_percent_faster(child):
     assert len(child.starts()) == 1
     assert child.messages[-1] == "precision: mixed_bfloat16, " + plan.sources["precision"].removeprefix("auto: ")
 
-    # Another CPU model is another entry: timed afresh, where bf16 is slower.
+    assert not any("busy" in message for message in child.messages)
+
+    # Another CPU model is another entry: timed afresh, where bf16 is slower; on a busy machine, which
+    # the choice says, with how to time again.
+    monkeypatch.setattr(os, "getloadavg", lambda: (3.2, 3.0, 3.0))
     xeon = child.probe(XEON, _line([1.0, 1.0, 1.0], [2.5, 2.4, 2.6]))
     assert xeon.precision == "float32" and "bf16 is 150% slower: float32" in xeon.sources["precision"]
+    assert xeon.sources["precision"].startswith("auto: measured on Intel(R) Xeon(R) CPU @ 2.50GHz (load 3.2 on 2 cores)")
+    xeon_path = child.cache.path_for(precision_key(child.config, xeon, XEON))
+    assert f"busy while timing (load 3.2 on 2 cores), so the choice may be noise; delete {xeon_path}" in child.messages[-2]
     assert len(child.starts()) == 2 and len(list(child.cache.directory.glob("*.json"))) == 2
-    assert [line.split(":")[0] for line in cached_timings(EPYC, child.cache)] == ["small at batch 16, 2 cores"]
+    assert [line.split(":")[0] for line in cached_timings(EPYC, child.cache)] == ["small at batch 16 (load 0.4 on 2 cores)"]
 
 
 def test_a_gain_below_the_margin_keeps_float32(child):

@@ -70,7 +70,7 @@ def test_json_report_without_tensorflow(tmp_path):
     facts = detect_machine(nvml_module=None)
     cache = precision_cache(tmp_path / "cache" / "myxtts" / "precision")  # under XDG_CACHE_HOME, as run_module sets
     config, plan = load_config(overrides=["model.size=small"]), plan_for_machine(facts, "small")
-    timing = PrecisionTiming(float32_s=(1.04,), bfloat16_s=(0.93,))
+    timing = PrecisionTiming(float32_s=(1.04,), bfloat16_s=(0.93,), load_average=0.7)
     cache.store(precision_key(config, plan, facts), timing)
     cache.store(precision_key(config, plan, dataclasses.replace(facts, cpu_model="another CPU")), timing)
 
@@ -81,8 +81,8 @@ def test_json_report_without_tensorflow(tmp_path):
     assert report["plan"]["effective_batch_size"] >= 32
     assert set(report) == {"machine", "plan", "selection", "precision_timings"}
     assert report["plan"]["probe_precision"] is True
-    expected = (f"small at batch {plan.batch_size}, {facts.usable_cpu_cores} cores: bf16 0.93 s/step vs fp32 "
-                "1.04 s/step (median of 1): bf16 is 11% faster (>= 10%)")
+    expected = (f"small at batch {plan.batch_size} (load 0.7 on {facts.usable_cpu_cores} cores): bf16 0.93 s/step "
+                "vs fp32 1.04 s/step (median of 1): bf16 is 11% faster (>= 10%)")
     assert [line.split(" (/")[0] for line in report["precision_timings"]] == [expected]
     text = run_module(tmp_path, fake_nvml=False).stdout
     assert "precision probe: training times float32 against bf16" in text

@@ -113,6 +113,7 @@ class PrecisionTiming:
     bfloat16_error: str = ""
     bucket_frames: int = 0
     probe_seconds: float = 0.0  # the child's whole wall time: import, two traces, the timed steps
+    load_average: float | None = None  # the machine's 1-minute load just before timing; None where unknown
 
     @property
     def float32_median(self) -> float:
@@ -144,6 +145,10 @@ class PrecisionTiming:
         return (f"bf16 {self.bfloat16_median:.2f} s/step vs fp32 {fp32:.2f} s/step "
                 f"(median of {len(self.float32_s)}): {verdict}")
 
+    def conditions(self, cores: int) -> str:
+        """" (load 3.2 on 2 cores)": how busy the machine was, which is how far to trust the times."""
+        return "" if self.load_average is None else f" (load {self.load_average:.1f} on {cores} cores)"
+
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
@@ -153,7 +158,8 @@ class PrecisionTiming:
                      bfloat16_s=tuple(float(s) for s in data["bfloat16_s"]),
                      bfloat16_error=str(data.get("bfloat16_error", "")),
                      bucket_frames=int(data.get("bucket_frames", 0)),
-                     probe_seconds=float(data.get("probe_seconds", 0.0)))
+                     probe_seconds=float(data.get("probe_seconds", 0.0)),
+                     load_average=None if data.get("load_average") is None else float(data["load_average"]))
         if not timing.float32_s or min(timing.float32_s + timing.bfloat16_s) <= 0:
             raise ValueError(f"step times must be positive, float32's at least one: {data}")
         if not timing.bfloat16_s and not timing.bfloat16_error:
@@ -161,12 +167,14 @@ class PrecisionTiming:
         return timing
 
     @classmethod
-    def from_child(cls, line: Mapping[str, Any], probe_seconds: float) -> "PrecisionTiming":
+    def from_child(cls, line: Mapping[str, Any], probe_seconds: float,
+                   load_average: float | None = None) -> "PrecisionTiming":
         """From the child's JSON line (see myxtts.training.precision_probe)."""
         seconds, errors = line["seconds"], line.get("errors", {})
         return cls.from_dict({"float32_s": seconds["float32"], "bfloat16_s": seconds.get("mixed_bfloat16", []),
                               "bfloat16_error": errors.get("mixed_bfloat16", ""),
-                              "bucket_frames": line.get("bucket_frames", 0), "probe_seconds": probe_seconds})
+                              "bucket_frames": line.get("bucket_frames", 0), "probe_seconds": probe_seconds,
+                              "load_average": load_average})
 
 
 class PrecisionProbeFailed(RuntimeError):
@@ -185,6 +193,9 @@ def time_in_child(config: Config, *, child_module: str, environ: Mapping[str, st
         config_path = Path(folder) / "config.yaml"
         config_lib.save_config(config, config_path)
         command = [sys.executable, "-m", child_module, "--config", str(config_path)]
+        # Other processes' load makes single steps up to 2x slower on a shared machine (BENCHMARKS.md):
+        # it is kept with the result so that a choice made on a busy machine says so.
+        load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
         started = time.perf_counter()
         try:
             done = subprocess.run(command, env=child_environment(environ), capture_output=True, text=True,
@@ -197,7 +208,7 @@ def time_in_child(config: Config, *, child_module: str, environ: Mapping[str, st
         last = (done.stderr.strip().splitlines() or ["no output"])[-1][:300]
         raise PrecisionProbeFailed(f"exit {done.returncode}: {last}")
     try:
-        return PrecisionTiming.from_child(json.loads(lines[-1]), seconds)
+        return PrecisionTiming.from_child(json.loads(lines[-1]), seconds, load)
     except (ValueError, KeyError, TypeError, AttributeError) as error:
         raise PrecisionProbeFailed(f"unreadable answer {lines[-1][:200]!r} ({error})") from None
 
@@ -243,7 +254,11 @@ def probe_cpu_precision(config: Config, plan: Plan, facts: MachineFacts, *, chil
             return _flags_rule(plan, facts, f"the probe failed: {error}")
         cache.store(key, timing)
         echo(f"precision: the probe took {timing.probe_seconds:.0f} s")
-    source = f"auto: measured on {key.cpu_model}: {timing.describe()} (cached in {path})"
+        if timing.load_average is not None and timing.load_average > key.cpu_cores / 2:
+            echo(f"precision: other processes kept the CPU busy while timing{timing.conditions(key.cpu_cores)}, "
+                 f"so the choice may be noise; delete {path} to time again on a quieter machine")
+    source = (f"auto: measured on {key.cpu_model}{timing.conditions(key.cpu_cores)}: {timing.describe()} "
+              f"(cached in {path})")
     echo(f"precision: {timing.chosen()}, {source.removeprefix('auto: ')}")
     return with_precision(plan, timing.chosen(), source)
 
@@ -259,6 +274,6 @@ def cached_timings(facts: MachineFacts, cache: ProbeCache | None = None) -> list
         except (OSError, ValueError, KeyError, TypeError):
             continue  # a damaged entry is measured again by the next run that needs it
         if key.get("cpu_model") == cpu_label(facts):
-            lines.append(f"{key.get('model_size')} at batch {key.get('batch_size')}, {key.get('cpu_cores')} cores: "
-                         f"{timing.describe()} ({path})")
+            lines.append(f"{key.get('model_size')} at batch {key.get('batch_size')}"
+                         f"{timing.conditions(key.get('cpu_cores'))}: {timing.describe()} ({path})")
     return lines

@@ -35,8 +35,9 @@ from myxtts import config as config_lib
 from myxtts.config import Config
 
 POLICIES = ("float32", "mixed_bfloat16")
-DEFAULT_STEPS = 5  # timed steps per policy after the warm-up; the parent takes their median (a step of
-# `small` at batch 16 is ~0.5-1 s here, against ~25 s of tracing per policy: more steps cost little)
+DEFAULT_STEPS = 8  # timed steps per policy after the warm-up; the parent takes their median (a step of
+# `small` at batch 16 is ~0.6-1 s here, against ~25 s of tracing per policy: more steps cost little, and on
+# a shared machine medians of 5 disagreed from run to run: BENCHMARKS.md, "CPU precision probe")
 VOCAB_SIZE = 256  # as the batch probe: a generous vocabulary, the text head is a small share of a step
 
 
