@@ -97,7 +97,8 @@ def time_policies(config: Config, steps: int = DEFAULT_STEPS) -> dict:
         except Exception as error:  # noqa: BLE001 - only bf16 may fail as an answer; float32 re-raises
             if policy == "float32":
                 raise
-            errors[policy] = f"{type(error).__name__}: {str(error).splitlines()[0][:300] if str(error) else ''}"
+            first_line = (str(error).splitlines() or [""])[0][:300]
+            errors[policy] = f"{type(error).__name__}: {first_line}"
             continue
         models[policy] = model
     keras.config.set_dtype_policy("float32")
