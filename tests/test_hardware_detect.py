@@ -325,10 +325,14 @@ def test_detected_facts_round_trip_through_json(tmp_path):
     assert facts.gpus[0].mig_mode is True
 
 
-def test_cpu_bf16_flags_are_read_from_cpuinfo(tmp_path):
+def test_cpu_bf16_flags_and_model_are_read_from_cpuinfo(tmp_path):
     paths = host(tmp_path)
-    (paths.proc / "cpuinfo").write_text("processor\t: 0\nflags\t\t: fpu sse avx512f avx512_bf16 avx512_vnni\n\n"
-                                       "processor\t: 1\nflags\t\t: fpu sse avx512f avx512_bf16 avx512_vnni\n")
-    assert detect_machine(nvml_module=FakeNvml([]), environ={}, host_paths=paths).cpu_bf16_flags == ("avx512_bf16",)
-    (paths.proc / "cpuinfo").write_text("processor\t: 0\nflags\t\t: fpu sse avx2 avx512f\n")
-    assert detect_machine(nvml_module=FakeNvml([]), environ={}, host_paths=paths).cpu_bf16_flags == ()
+    (paths.proc / "cpuinfo").write_text("processor\t: 0\nmodel name\t: AMD EPYC 9B14\n"
+                                       "flags\t\t: fpu sse avx512f avx512_bf16 avx512_vnni\n\n"
+                                       "processor\t: 1\nmodel name\t: AMD EPYC 9B14\n"
+                                       "flags\t\t: fpu sse avx512f avx512_bf16 avx512_vnni\n")
+    facts = detect_machine(nvml_module=FakeNvml([]), environ={}, host_paths=paths)
+    assert (facts.cpu_bf16_flags, facts.cpu_model) == (("avx512_bf16",), "AMD EPYC 9B14")
+    (paths.proc / "cpuinfo").write_text("processor\t: 0\nflags\t\t: fpu sse avx2 avx512f\n")  # as ARM: no model name
+    facts = detect_machine(nvml_module=FakeNvml([]), environ={}, host_paths=paths)
+    assert (facts.cpu_bf16_flags, facts.cpu_model) == ((), "")

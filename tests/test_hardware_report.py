@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -9,6 +10,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+from myxtts.config import load_config
 from myxtts.hardware.detect import MachineFacts
 from myxtts.hardware.plan import plan_for_machine
 from myxtts.hardware.report import build_report, format_report, short_summary
@@ -60,13 +62,32 @@ def run_module(tmp_path: Path, *args: str, fake_nvml: bool) -> subprocess.Comple
 
 
 def test_json_report_without_tensorflow(tmp_path):
+    # Timings training cached on this CPU are listed (the report has no run config to pick one by);
+    # another CPU's are not.
+    from myxtts.hardware.cpu_precision import PrecisionTiming, precision_cache, precision_key
+    from myxtts.hardware.detect import detect_machine
+
+    facts = detect_machine(nvml_module=None)
+    cache = precision_cache(tmp_path / "cache" / "myxtts" / "precision")  # under XDG_CACHE_HOME, as run_module sets
+    config, plan = load_config(overrides=["model.size=small"]), plan_for_machine(facts, "small")
+    timing = PrecisionTiming(float32_s=(1.04,), bfloat16_s=(0.93,), load_average=0.7)
+    cache.store(precision_key(config, plan, facts), timing)
+    cache.store(precision_key(config, plan, dataclasses.replace(facts, cpu_model="another CPU")), timing)
+
     result = run_module(tmp_path, "--json", fake_nvml=False)
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
     assert report["machine"]["tensorflow_gpus"] is None
     assert report["plan"]["effective_batch_size"] >= 32
-    assert set(report) == {"machine", "plan", "selection", "capacity"}
+    assert set(report) == {"machine", "plan", "selection", "precision_timings", "capacity"}
     assert report["capacity"] == {"note": "no GPU"}  # nothing to plan for, and no --capacity-gpu
+    assert report["plan"]["probe_precision"] is True
+    expected = (f"small at batch {plan.batch_size} (load 0.7 on {facts.usable_cpu_cores} cores): bf16 0.93 s/step "
+                "vs fp32 1.04 s/step (median of 1): bf16 is 11% faster (>= 10%)")
+    assert [line.split(" (/")[0] for line in report["precision_timings"]] == [expected]
+    text = run_module(tmp_path, fake_nvml=False).stdout
+    assert "precision probe: training times float32 against bf16" in text
+    assert f"    cached: {expected}" in text and text.count("cached: ") == 1
 
 
 def test_json_report_with_nvml_and_no_tensorflow(tmp_path):

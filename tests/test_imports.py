@@ -29,7 +29,8 @@ def test_hardware_imports_nothing_above_it():
 
 
 def test_the_probe_parent_loads_no_training_or_model_code():
-    code = ("import sys, myxtts.hardware.probe_runner, myxtts.hardware.gpu_memory, myxtts.hardware.__main__; "
+    code = ("import sys, myxtts.hardware.probe_runner, myxtts.hardware.cpu_precision, myxtts.hardware.gpu_memory, "
+            "myxtts.hardware.__main__; "
             f"print([m for m in sys.modules if m.startswith({ABOVE_HARDWARE!r})])")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]

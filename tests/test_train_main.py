@@ -48,3 +48,5 @@ def test_bad_input_exits_2_with_a_message(argv, message, tmp_path):
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 2, done.stderr[-2000:]
     assert message in done.stderr and "Traceback" not in done.stderr
+    # A mistyped path fails before the hardware plan's probes (the CPU precision probe takes a minute).
+    assert "precision: timing" not in done.stdout + done.stderr

@@ -6,6 +6,8 @@
 - `batch_plan`: batch x accumulation x replicas, the one place that arithmetic lives.
 - `probe`: measured batch sizes -> memory fit -> chosen batch, with a JSON cache; `probe_runner`
   runs one child process per batch size (the child itself is `myxtts.training.batch_probe`).
+- `cpu_precision`: on a CPU, float32 against bf16 train steps timed in one child process
+  (`myxtts.training.precision_probe`), cached per CPU model and setup; bf16 only if >= 10% faster.
 - `gpu_memory`: TensorFlow's memory growth and its own allocator peak.
 - `select`: which GPUs to use (`--gpu`, a saved choice, or a question on a terminal).
 - `report`: the readable and JSON reports behind `python -m myxtts.hardware`.

@@ -14,6 +14,7 @@ import sys
 
 from myxtts.hardware.capacity import DEFAULT_MFU, LOOP_ITERATION_S, plan_capacity
 from myxtts.hardware.capacity_record import CapacityCache
+from myxtts.hardware.cpu_precision import cached_timings
 from myxtts.hardware.detect import MachineFacts, detect_machine
 from myxtts.hardware.devices import DEVICES, device_by_key, device_for_gpu_name
 from myxtts.hardware.host import cpu_model_name
@@ -80,10 +81,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     plan = plan_for_machine(chosen, args.model_size, requested)
+    # What training measured on this CPU before, if anything: the plan's precision is only the prior.
+    timings = cached_timings(facts) if plan.probe_precision else []
     if args.json:
-        print(json.dumps({**build_report(facts, plan, selection), "capacity": capacity}, indent=2))
+        print(json.dumps({**build_report(facts, plan, selection, timings), "capacity": capacity}, indent=2))
     else:
-        print(format_report(facts, plan, selection) + "\n\n" + "\n".join(capacity_lines))
+        print(format_report(facts, plan, selection, timings) + "\n\n" + "\n".join(capacity_lines))
     return 0
 
 

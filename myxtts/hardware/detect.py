@@ -26,7 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from myxtts.hardware.host import HostPaths, cpu_bf16_flags, detect_platform, usable_cpu_cores, usable_ram
+from myxtts.hardware.host import (HostPaths, cpu_bf16_flags, cpu_model_name, detect_platform, usable_cpu_cores,
+                                  usable_ram)
 
 
 def architecture_for(compute_capability: tuple[int, int]) -> str:
@@ -106,6 +107,7 @@ class MachineFacts:
     tensorflow_cuda_capabilities: tuple[str, ...] | None = None  # e.g. ("sm_80", "compute_90")
     cuda_visible_devices: str | None = None
     cpu_bf16_flags: tuple[str, ...] = ()  # e.g. ("avx512_bf16",): the CPU computes in bfloat16 natively
+    cpu_model: str = ""  # /proc/cpuinfo's "model name"; "" where unknown
     notes: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
@@ -397,5 +399,6 @@ def detect_machine(
         tensorflow_cuda_capabilities=tf_caps,
         cuda_visible_devices=visible_value,
         cpu_bf16_flags=cpu_bf16_flags(host_paths),
+        cpu_model=cpu_model_name(host_paths),
         notes=tuple(notes),
     )

@@ -143,15 +143,10 @@ def cpu_bf16_flags(paths: HostPaths) -> tuple[str, ...]:
 
 
 def cpu_model_name(paths: HostPaths | None = None) -> str:
-    """The CPU's model name from /proc/cpuinfo ("AMD EPYC 7B13"), else the platform's word for it."""
-    paths = paths or HostPaths()
-    text = _read(paths.proc / "cpuinfo") or ""
-    name = next((line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("model name")), "")
-    if name:
-        return name
-    import platform  # only off Linux, where there is no cpuinfo
-
-    return platform.processor() or platform.machine() or "unknown CPU"
+    """The first processor's "model name" from /proc/cpuinfo ("AMD EPYC 7B13"), "" where there is none
+    (macOS, Windows, and ARM kernels, which do not write that line): unknown, not guessed."""
+    text = _read((paths or HostPaths()).proc / "cpuinfo") or ""
+    return next((line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("model name")), "")
 
 
 def physical_ram_bytes(paths: HostPaths) -> int | None:

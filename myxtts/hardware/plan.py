@@ -8,9 +8,10 @@ training log says why it runs the way it does.
 Rules, in one place:
 - Precision: mixed_bfloat16 from compute capability 8.0 (Ampere and newer have bf16 tensor cores and
   need no loss scaling), mixed_float16 with loss scaling on 7.x (fp16 tensor cores only), float32 below
-  7.0. On a CPU, mixed_bfloat16 where it computes bf16 natively (AVX512_BF16 or AMX flags: the small
-  model's training step took 0.35 s in bf16 and 0.49 s in float32 on such an AMD EPYC), else float32
-  (an Intel Xeon without them ran bf16 2.5x slower).
+  7.0. On a CPU the answer differs by CPU (bf16 was 1.2-1.4x faster than float32 on an AMD EPYC with
+  AVX512_BF16, 2.5x slower on an Intel Xeon without it), so training times both
+  (`cpu_precision.py`, `probe_precision`); the plan's own value is the prior that stands when that
+  cannot run: mixed_bfloat16 where the CPU lists AVX512_BF16 or AMX flags, else float32.
 - TF32 on from CC 8.0; XLA on (bucketed shapes keep the number of compiled programs small).
 - Batch prior: a per-GPU batch for the `base` model (~100M parameters) looked up from the GPU's free
   memory (table `_BASE_BATCH_BY_FREE_GIB`); `small` takes twice and `tiny` four times that batch
@@ -118,6 +119,7 @@ class Plan:
     autotune_cpu_budget: int
     autotune_ram_budget_bytes: int
     probe_batch_size: bool  # True when the batch is automatic on a GPU, so measuring can refine it
+    probe_precision: bool = False  # True when the precision is automatic on a CPU: timing decides
     sources: Mapping[str, str] = field(default_factory=dict)
     recommendations: tuple[str, ...] = ()
 
@@ -173,15 +175,15 @@ def _precision(gpus: tuple[GpuFacts, ...], requested: RequestedSettings, notes: 
     if requested.precision != "auto":
         if min_cc is None and requested.precision != "float32" and not (cpu_bf16 and requested.precision == "mixed_bfloat16"):
             notes.append(f"precision {requested.precision} on this CPU is emulated and usually slower than "
-                         "float32; precision: auto picks float32 there")
+                         "float32; precision: auto times both and keeps the faster")
         elif min_cc is not None and requested.precision == "mixed_bfloat16" and min_cc < (8, 0):
             notes.append(f"bf16 on CC {min_cc[0]}.{min_cc[1]} has no tensor-core support and runs slower "
                          "than fp16; precision: auto picks mixed_float16 there")
         return requested.precision, "config"
     if min_cc is None and cpu_bf16:
-        return "mixed_bfloat16", f"auto: the CPU computes bf16 natively ({', '.join(cpu_bf16)})"
+        return "mixed_bfloat16", f"auto: CPU flags rule, until timed: the CPU computes bf16 natively ({', '.join(cpu_bf16)})"
     if min_cc is None:
-        return "float32", "auto: CPU has no native half-precision path (no AVX512_BF16 or AMX)"
+        return "float32", "auto: CPU flags rule, until timed: no native bf16 (no AVX512_BF16 or AMX flags)"
     cc_text = f"{min_cc[0]}.{min_cc[1]}"
     if min_cc >= (8, 0):
         return "mixed_bfloat16", f"auto: CC {cc_text} has bf16 tensor cores; no loss scaling needed"
@@ -381,6 +383,11 @@ def plan_for_machine(facts: MachineFacts, model_size: str = "base",
     sources["device"] = f"auto: {len(gpus)} GPU(s) chosen" if on_gpu else "auto: no GPU detected or chosen"
     memory_known = all(g.total_memory_bytes > 0 for g in gpus)
     probe = on_gpu and not requested.batch_size and memory_known
+    probe_precision = not on_gpu and requested.precision == "auto"
+    sources["probe_precision"] = ("auto: precision is automatic on a CPU: float32 and bf16 train steps are "
+                                  "timed at training start (cached per CPU and model)" if probe_precision else
+                                  "auto: precision fixed by config" if not on_gpu else
+                                  "auto: on GPUs the compute capability decides")
     sources["probe_batch_size"] = ("auto: batch is automatic, measuring can refine it" if probe else
                                    "auto: batch fixed by config" if on_gpu and requested.batch_size else
                                    "auto: GPU memory unknown, nothing to fit the probe to" if on_gpu else
@@ -403,6 +410,7 @@ def plan_for_machine(facts: MachineFacts, model_size: str = "base",
         autotune_cpu_budget=parallel["autotune_cpu_budget"][0],
         autotune_ram_budget_bytes=parallel["autotune_ram_budget_bytes"][0],
         probe_batch_size=probe,
+        probe_precision=probe_precision,
         sources=sources,
         recommendations=tuple(notes),
     )
@@ -414,3 +422,14 @@ def with_measured_batch(plan: Plan, batch_size: int, reason: str) -> Plan:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     return plan.with_batch_plan(plan.batch_plan.with_batch(batch_size), probe_batch_size=False,
                                 sources={"batch_size": f"auto: measured ({reason})"})
+
+
+def with_precision(plan: Plan, precision: str, source: str) -> Plan:
+    """The plan with `precision` (a Keras policy name) decided by `source`; nothing left to time."""
+    if precision not in ("float32", "mixed_bfloat16", "mixed_float16"):
+        raise ValueError(f"precision must be a Keras policy name, got {precision!r}")
+    sources = {**plan.sources, "precision": source,
+               "loss_scaling": "auto: needed by float16 only" if precision == "mixed_float16" else
+               "auto: not needed by " + precision}
+    return dataclasses.replace(plan, precision=precision, loss_scaling=precision == "mixed_float16",
+                               probe_precision=False, sources=sources)

@@ -236,10 +236,16 @@ class ProbeKey:
 
 
 class ProbeCache:
-    """Probe results as one JSON file per key under `<cache dir>/probe/`."""
+    """Probe results as one JSON file per key under `<cache dir>/<folder>/`.
 
-    def __init__(self, directory: str | os.PathLike[str] | None = None) -> None:
-        self.directory = Path(directory) if directory is not None else default_cache_dir() / "probe"
+    Any frozen dataclass key with `digest()` and result with `to_dict()` / `from_dict()` fit: the batch
+    probe's `ProbeKey` / `ProbeResult` (folder "probe") and the CPU precision probe's (folder "precision").
+    """
+
+    def __init__(self, directory: str | os.PathLike[str] | None = None, *, folder: str = "probe",
+                 result_type: type = ProbeResult) -> None:
+        self.directory = Path(directory) if directory is not None else default_cache_dir() / folder
+        self.result_type = result_type
 
     def path_for(self, key: ProbeKey) -> Path:
         return self.directory / f"{key.digest()}.json"
@@ -253,7 +259,7 @@ class ProbeCache:
             if data.get("key") != json.loads(json.dumps(dataclasses.asdict(key))):
                 LOGGER.warning("probe cache %s belongs to another setup; measuring again", path)
                 return None
-            return ProbeResult.from_dict(data["result"])
+            return self.result_type.from_dict(data["result"])
         except (ValueError, KeyError, TypeError) as exc:
             # A damaged cache only costs a re-measurement; say so instead of failing the run.
             LOGGER.warning("probe cache %s unreadable (%s); measuring again", path, exc)

@@ -71,20 +71,27 @@ def _smallest_gpu(plan: Plan, facts: MachineFacts):
     return min(chosen, key=lambda g: g.free_memory_bytes or g.total_memory_bytes)
 
 
+def child_environment(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment of a probe's child process: `environ` (default os.environ) outside any cluster,
+    with this package first on PYTHONPATH."""
+    env = dict(os.environ if environ is None else environ)
+    env.pop("TF_CONFIG", None)  # a probe is one process, never part of a cluster
+    # The child imports this package from wherever the parent found it, whatever the working directory.
+    package_root = str(Path(__file__).resolve().parents[2])
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH", "")) if p)
+    return env
+
+
 def subprocess_measure(config_path: Path, plan: Plan, facts: MachineFacts, *, child_module: str,
                        accumulation_for: Callable[[int], int], environ: Mapping[str, str] | None = None,
                        timeout_s: float = CHILD_TIMEOUT_S) -> Callable[[int], tuple[int, float]]:
     """`measure(batch)` for run_probe: one `python -m child_module` per call, on the GPU with the least
     free memory."""
     gpu = _smallest_gpu(plan, facts)
-    env = dict(os.environ if environ is None else environ)
+    env = child_environment(environ)
     if gpu.uuid or gpu.nvml_index is not None:
         # Only the measured card: the child's GPU:0 is the smallest of the chosen ones.
         env["CUDA_VISIBLE_DEVICES"] = gpu.uuid or str(gpu.nvml_index)
-    env.pop("TF_CONFIG", None)  # a probe is one process, never part of a cluster
-    # The child imports this package from wherever the parent found it, whatever the working directory.
-    package_root = str(Path(__file__).resolve().parents[2])
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH", "")) if p)
 
     def measure_in_child(batch_size: int) -> tuple[int, float]:
         command = [sys.executable, "-m", child_module, "--config", str(config_path),

@@ -6,7 +6,7 @@ form for the start of a training log; `build_report` is the JSON object behind `
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 from myxtts.hardware.detect import MachineFacts
 from myxtts.hardware.plan import Plan
@@ -19,9 +19,13 @@ def _gib(value: int | None) -> str:
     return "unknown" if value is None else f"{value / _GIB:.1f} GiB"
 
 
-def build_report(facts: MachineFacts, plan: Plan, selection: GpuSelection | None = None) -> dict[str, Any]:
-    """One JSON-able object: the detected machine, the GPU choice and the plan with its sources."""
+def build_report(facts: MachineFacts, plan: Plan, selection: GpuSelection | None = None,
+                 precision_timings: Sequence[str] | None = None) -> dict[str, Any]:
+    """One JSON-able object: the detected machine, the GPU choice, the plan with its sources and,
+    when given, the CPU precision timings cached for this CPU (`cpu_precision.cached_timings`)."""
     report: dict[str, Any] = {"machine": facts.to_dict(), "plan": plan.to_dict()}
+    if precision_timings is not None:
+        report["precision_timings"] = list(precision_timings)
     if selection is not None:
         report["selection"] = {"indices": list(selection.indices), "source": selection.source,
                                "messages": list(selection.messages)}
@@ -32,8 +36,13 @@ def _on_off(flag: bool) -> str:
     return "on" if flag else "off"
 
 
-def format_report(facts: MachineFacts, plan: Plan, selection: GpuSelection | None = None) -> str:
-    """The readable report: GPUs, precision, CPU/RAM/platform, the plan, notes and recommendations."""
+def format_report(facts: MachineFacts, plan: Plan, selection: GpuSelection | None = None,
+                  precision_timings: Sequence[str] = ()) -> str:
+    """The readable report: GPUs, precision, CPU/RAM/platform, the plan, notes and recommendations.
+
+    `precision_timings`: lines for the CPU precision timings cached for this CPU, shown under the
+    precision probe (the report has no run config, so it cannot tell which one a run will use).
+    """
     lines = ["MyXTTS hardware report", "", "GPUs:"]
     if not facts.gpus:
         lines.append("  none (CPU only)")
@@ -53,7 +62,8 @@ def format_report(facts: MachineFacts, plan: Plan, selection: GpuSelection | Non
         "",
         f"Precision: {plan.precision} (loss scaling {_on_off(plan.loss_scaling)}), TF32 {_on_off(plan.tf32)}, "
         f"XLA {_on_off(plan.xla)}",
-        f"CPU: {facts.usable_cpu_cores} usable of {facts.logical_cpu_count} logical cores; "
+        f"CPU: {facts.cpu_model + ', ' if facts.cpu_model else ''}{facts.usable_cpu_cores} usable of "
+        f"{facts.logical_cpu_count} logical cores; "
         f"RAM: {_gib(facts.ram_bytes)} usable of {_gib(facts.physical_ram_bytes)}; platform: {facts.platform}",
         "",
         f"Plan for model size '{plan.model_size}' on {plan.device.upper()}"
@@ -65,6 +75,11 @@ def format_report(facts: MachineFacts, plan: Plan, selection: GpuSelection | Non
         f"{plan.private_threadpool_size}, autotune CPU budget {plan.autotune_cpu_budget}, RAM budget "
         f"{_gib(plan.autotune_ram_budget_bytes)}",
         "  batch probe: " + ("will measure to refine the batch" if plan.probe_batch_size else "not needed"),
+        "  precision probe: " + ("training times float32 against bf16 at its start, once per CPU and model"
+                                 if plan.probe_precision else "not needed"),
+    ]
+    lines.extend(f"    cached: {line}" for line in precision_timings)
+    lines += [
         "",
         "Why:",
     ]

@@ -33,12 +33,13 @@ DEFAULT_VOCAB_SIZE = 256  # the parent passes its own (probe_runner.PROBE_VOCAB_
 MEASURED_STEPS = 3  # after one compiling step; enough for a stable mean, short enough to probe 6 sizes
 
 
-def synthetic_batch(config: Config, batch_size: int, vocab_size: int = DEFAULT_VOCAB_SIZE) -> dict:
-    """A batch of the longest bucket, every clip at full length, shaped as the pipeline's batches."""
+def synthetic_batch(config: Config, batch_size: int, vocab_size: int = DEFAULT_VOCAB_SIZE, bucket: int = -1) -> dict:
+    """A batch of one bucket (the longest by default), every clip at full length, shaped as the
+    pipeline's batches."""
     import tensorflow as tf
 
     d = config.data
-    frames, tokens = d.bucket_mel_lengths[-1], d.bucket_text_lengths[-1]
+    frames, tokens = d.bucket_mel_lengths[bucket], d.bucket_text_lengths[bucket]
     generator = tf.random.Generator.from_seed(config.seed)
     batch = {
         "mel_length": tf.fill([batch_size], frames),

@@ -1,7 +1,8 @@
 """The start every user of a run shares, so that none of them sees the data differently.
 
     resolve_plan(config)          GPU memory growth, then the hardware plan's automatic values
-                                  (batch, accumulation, input workers, precision)
+                                  (batch, accumulation, input workers, precision), the GPU batch
+                                  and the CPU precision measured in child processes (cached)
     prepare_run(config, workdir)  language checked -> rows split -> rows phonemized once ->
                                   the vocabulary (the run's own when it resumes, the init_from
                                   source's tokens first when it fine-tunes) -> Run
@@ -25,16 +26,17 @@ import tensorflow as tf
 
 from myxtts import config as config_lib
 from myxtts.config import Config
-from myxtts.data.manifest import Utterance, read_manifest, split_train_val
+from myxtts.data.manifest import Utterance, locate_manifest, read_manifest, split_train_val
 from myxtts.data.phonemes import check_language
 from myxtts.data.text import Vocabulary
 from myxtts.hardware.batch_plan import BatchPlan
+from myxtts.hardware.cpu_precision import probe_cpu_precision
 from myxtts.hardware.detect import detect_machine
 from myxtts.hardware.gpu_memory import allow_memory_growth
 from myxtts.hardware.plan import Plan, RequestedSettings, plan_for_machine
 from myxtts.hardware.probe_runner import probe_batch_size
 from myxtts.hardware.report import short_summary
-from myxtts.training import batch_probe, distribute
+from myxtts.training import batch_probe, distribute, precision_probe
 from myxtts.training.callbacks import console_echo
 from myxtts.training.checkpoints import CheckpointError
 from myxtts.training.init_from import InitSource, check_same_text, load_source
@@ -64,10 +66,14 @@ def resolve_plan(config: Config, echo=console_echo) -> tuple[Config, str, Plan]:
             xla=t.enable_xla_compilation,
         ),
     )
+    # The probes below can take minutes on their first run: a mistyped data path fails before them.
+    check_data_paths(config)
     # The replicas of every host share the effective batch; then measure the batch on this GPU model
     # (cached, and before this process claims GPU memory).
     plan = distribute.with_replicas(plan, distribute.planned_replicas(plan))
     plan = probe_batch_size(config, plan, facts, child_module=batch_probe.__name__, echo=echo)
+    # On a CPU with precision: auto, float32 against bf16 at that batch (cached per CPU and model).
+    plan = probe_cpu_precision(config, plan, facts, child_module=precision_probe.__name__, echo=echo)
     echo(short_summary(plan, facts))
     resolved = dataclasses.replace(
         config,
@@ -84,11 +90,21 @@ def batch_plan_of(config: Config, replicas: int) -> BatchPlan:
     return BatchPlan(config.data.batch_size, max(config.training.gradient_accumulation_steps, 1), replicas)
 
 
-def load_splits(config: Config) -> tuple[list[Utterance], list[Utterance]]:
-    """The training and validation rows as the manifest(s) hold them (not yet phonemized)."""
+def check_data_paths(config: Config) -> None:
+    """Raises, naming the path, when data.train_data is unset or a data path is no manifest or
+    dataset folder (FileNotFoundError, ManifestError); the rows are read later, by `load_splits`."""
     d = config.data
     if not d.train_data:
         raise config_lib.ConfigError("no training data: set data.train_data or pass --train-data (or use --demo)")
+    for path in (d.train_data, d.val_data):
+        if path:
+            locate_manifest(path)
+
+
+def load_splits(config: Config) -> tuple[list[Utterance], list[Utterance]]:
+    """The training and validation rows as the manifest(s) hold them (not yet phonemized)."""
+    d = config.data
+    check_data_paths(config)
     train = read_manifest(d.train_data)
     if d.val_data:
         return train, read_manifest(d.val_data)
