@@ -188,10 +188,11 @@ def test_every_decision_has_a_source():
 
 def test_input_parallelism_from_cores_and_ram():
     on_gpu = plan_for_machine(machine(gpu(), cores=16, ram_gib=64), "base")
-    assert on_gpu.num_parallel_calls == on_gpu.private_threadpool_size == on_gpu.autotune_cpu_budget == 15
+    # Two calls in flight on each of the 15 input cores, which are the thread pool and the budget.
+    assert on_gpu.num_parallel_calls == 30 and on_gpu.private_threadpool_size == on_gpu.autotune_cpu_budget == 15
     assert on_gpu.autotune_ram_budget_bytes == 32 * GIB
     on_cpu = plan_for_machine(machine(cores=2, ram_gib=24), "base")
-    assert on_cpu.num_parallel_calls == 1
+    assert on_cpu.num_parallel_calls == 2
     small_ram = plan_for_machine(machine(gpu(), cores=16, ram_gib=2), "base")
     assert small_ram.num_parallel_calls == 2  # 1 GiB budget / 512 MiB per worker
     unknown_ram = plan_for_machine(dataclasses.replace(machine(gpu(), cores=4), ram_bytes=None), "base")

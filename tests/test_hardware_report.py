@@ -130,7 +130,7 @@ def test_short_summary_is_two_lines():
     summary = short_summary(plan_for_machine(facts, "base"), facts)
     first, second = summary.splitlines()
     assert first == "GPU 0:Tesla T4 | mixed_float16 + loss scaling, TF32 off, XLA on"
-    assert second.startswith("batch 6 x accum 6 x 1 = 36 | input 3 workers")
+    assert second.startswith("batch 6 x accum 6 x 1 = 36 | input 6 workers")  # two calls on each of 3 input cores
     assert short_summary(plan_for_machine(load("cpu_only"))).startswith("CPU | float32")
 
 

@@ -17,7 +17,8 @@ Three measurements on the same corpus, batch size and config:
 
 Each measurement runs at one core and at every usable core, each in a fresh copy of this script
 (`--worker`) that pins itself to those cores before TensorFlow starts and sizes TensorFlow's
-thread pools and `data.num_workers` to match, so "1 core" really is one core. Every worker warms
+thread pools to match (and `data.num_workers` to two calls in flight per core, as the hardware plan
+does), so "1 core" really is one core. Every worker warms
 up first (librosa's numba compilation, the page cache, graph tracing), then times `--epochs`
 epochs; rates are the median over those epochs. Other work on the machine slows every column
 alike, so the ratios between columns of one run are the numbers to compare, not the absolute ones;
@@ -212,7 +213,7 @@ def run_worker(job: dict) -> int:
     config = load_config(job["config"], overrides=[
         f"data.cache_features={'true' if measurement == 'cached' else 'false'}",
         "data.cache_dir=",  # in memory: the cached number should not depend on a disk
-        f"data.num_workers={cores}",
+        f"data.num_workers={2 * cores}",  # two calls in flight per core, as the hardware plan sets it
         f"data.batch_size={job['batch_size']}",
     ])
     utterances = read_manifest(job["corpus"])[: job["limit"]]

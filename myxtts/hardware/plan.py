@@ -229,13 +229,16 @@ def _input_parallelism(facts: MachineFacts, requested: RequestedSettings, on_gpu
     else:
         ram_budget, ram_why = _DEFAULT_RAM_BUDGET, "auto: RAM unknown, 2 GiB"
     ram_cap = max(1, ram_budget // _RAM_PER_INPUT_WORKER)
+    # Two calls in flight per input core: with one, each core idles while a clip's call hands over
+    # to the next (measured on one pinned core: 64 -> 119-143 clips/s, BENCHMARKS.md "Input pipeline").
+    in_flight = 2 * input_cores
     if requested.num_workers:
         workers, workers_why = requested.num_workers, "config"
-    elif ram_cap < input_cores:
+    elif ram_cap < in_flight:
         workers, workers_why = ram_cap, f"auto: RAM budget allows {ram_cap} workers of 512 MiB"
     else:
-        workers, workers_why = input_cores, f"auto: {why}"
-    pool = max(input_cores, workers)
+        workers, workers_why = in_flight, f"auto: two calls in flight per input core, {why}"
+    pool = input_cores if not requested.num_workers else max(input_cores, workers)
     return {
         "num_parallel_calls": (workers, workers_why),
         "private_threadpool_size": (pool, f"auto: {why}" if pool == input_cores else "auto: num_parallel_calls"),
