@@ -63,6 +63,19 @@ def build_once(tmp_path_factory, name, build):
     return folder
 
 
+@pytest.fixture(scope="session", autouse=True)
+def private_cache_dir(tmp_path_factory):
+    """Tests neither read nor write the user's ~/.cache/myxtts (batch and precision probes,
+    calibrations): a result cached there would hide what a test means to exercise."""
+    before = os.environ.get("MYXTTS_CACHE_DIR")
+    os.environ["MYXTTS_CACHE_DIR"] = str(tmp_path_factory.mktemp("myxtts_cache"))
+    yield
+    if before is None:
+        os.environ.pop("MYXTTS_CACHE_DIR", None)
+    else:
+        os.environ["MYXTTS_CACHE_DIR"] = before
+
+
 @pytest.fixture(scope="session")
 def demo_corpus(tmp_path_factory):
     from myxtts.data.demo_corpus import make_demo_corpus

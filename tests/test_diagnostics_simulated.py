@@ -97,6 +97,10 @@ def test_slow_pipeline_is_input_bound_against_a_fast_gpu_and_compute_bound_again
 
 def test_cli_simulates_without_building_a_model(tmp_path, demo_corpus, capsys, monkeypatch):
     monkeypatch.setattr(training_setup, "build_training_setup", lambda *a, **k: pytest.fail("built a model"))
+    # Nor is this CPU's precision timed (a minute, for a model that never runs here).
+    from myxtts.hardware import cpu_precision
+
+    monkeypatch.setattr(cpu_precision, "time_in_child", lambda *a, **k: pytest.fail("timed the CPU's precision"))
     config_path = tmp_path / "run.yaml"
     config_path.write_text(yaml.safe_dump({"model": {"size": "tiny"}, "data": {"batch_size": 4}}), encoding="utf-8")
     spec = importlib.util.spec_from_file_location("diagnose_gpu_bottleneck", ROOT / "utilities" / "diagnose_gpu_bottleneck.py")

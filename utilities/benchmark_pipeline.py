@@ -75,6 +75,9 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--cores", choices=("both", "all", "1"), default="both",
                         help="core counts to measure: 1 and all usable cores, or only one of them "
                              "(default: %(default)s)")
+    parser.add_argument("--calls-per-core", type=int, default=2,
+                        help="parallel calls in flight per core (data.num_workers = this x cores) for both on-the-fly "
+                             "columns; the hardware plan uses 2 (default: %(default)s)")
     # The parent re-invokes this script with a JSON job description; not for people.
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     arguments = parser.parse_args(argv)
@@ -132,6 +135,7 @@ def main(argv: list[str] | None = None) -> int:
             "batch_size": arguments.batch_size,
             "epochs": arguments.epochs,
             "warmup_epochs": arguments.warmup_epochs,
+            "calls_per_core": arguments.calls_per_core,
         }
         for cores in core_counts
         for measurement in MEASUREMENTS
@@ -213,7 +217,7 @@ def run_worker(job: dict) -> int:
     config = load_config(job["config"], overrides=[
         f"data.cache_features={'true' if measurement == 'cached' else 'false'}",
         "data.cache_dir=",  # in memory: the cached number should not depend on a disk
-        f"data.num_workers={2 * cores}",  # two calls in flight per core, as the hardware plan sets it
+        f"data.num_workers={job['calls_per_core'] * cores}",  # 2 per core by default, as the hardware plan sets it
         f"data.batch_size={job['batch_size']}",
     ])
     utterances = read_manifest(job["corpus"])[: job["limit"]]

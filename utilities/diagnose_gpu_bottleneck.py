@@ -153,6 +153,11 @@ def run(config, arguments: argparse.Namespace, overrides: list[str]) -> dict:
         card = gpu_facts_for(device_by_key(arguments.simulate_gpu))
         workers = plan_for_machine(dataclasses.replace(facts, gpus=(card,)), config.model.size).num_parallel_calls
         config = dataclasses.replace(config, data=dataclasses.replace(config.data, num_workers=workers))
+    requested_precision = config.training.precision  # the simulated card's plan honours it
+    if arguments.simulate_gpu and requested_precision == "auto":
+        # No model runs on this host, so timing its CPU's precision (hardware/cpu_precision.py) would
+        # cost a minute for nothing.
+        config = dataclasses.replace(config, training=dataclasses.replace(config.training, precision="fp32"))
     _progress("preparing the run as train_main.py would (hardware plan, data, vocabulary)")
     prepared = prepare_run(config, echo=_progress)
     config = prepared.config
@@ -180,7 +185,8 @@ def run(config, arguments: argparse.Namespace, overrides: list[str]) -> dict:
     if arguments.simulate_gpu:
         from myxtts.diagnostics.simulated_gpu import simulated_gpu
 
-        simulation = simulated_gpu(config, device_by_key(arguments.simulate_gpu), len(prepared.vocabulary),
+        card_config = dataclasses.replace(config, training=dataclasses.replace(config.training, precision=requested_precision))
+        simulation = simulated_gpu(card_config, device_by_key(arguments.simulate_gpu), len(prepared.vocabulary),
                                    arguments.mfu, arguments.loop_iteration_us * 1e-6)
         _progress(f"simulating {simulation.device.name}: each batch is held for its predicted step time "
                   f"({simulation.precision}, {arguments.mfu:.0%} MFU); no model is built")

@@ -256,5 +256,6 @@ def plan_capacity(record: CapacityRecord, device: DeviceSpec, facts: MachineFact
     demand = gpu_demand(record, model_size, device, plan.precision, plan.tf32, plan.batch_size, mfu, loop_iteration_s)
     mel = gpu_demand(record, model_size, device, plan.precision, plan.tf32, plan.batch_size, mfu, loop_iteration_s,
                      mel_on_device=True)
-    choice = choose_route(record, demand, mel, plan.num_parallel_calls)
-    return CapacityPlan(demand, mel, choice, plan.num_parallel_calls, record, loop_iteration_s)
+    # The input's cores are the pipeline's thread pool (it keeps two calls in flight on each).
+    choice = choose_route(record, demand, mel, plan.private_threadpool_size)
+    return CapacityPlan(demand, mel, choice, plan.private_threadpool_size, record, loop_iteration_s)
