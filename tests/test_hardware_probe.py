@@ -181,6 +181,7 @@ def test_default_cache_dir_follows_the_environment(tmp_path, monkeypatch):
     assert default_cache_dir({"XDG_CACHE_HOME": str(tmp_path)}) == tmp_path / "myxtts"
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     assert default_cache_dir({}) == tmp_path / "home" / ".cache" / "myxtts"
+    monkeypatch.delenv("MYXTTS_CACHE_DIR", raising=False)  # the suite sets it (conftest.py)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     assert ProbeCache().directory == tmp_path / "xdg" / "myxtts" / "probe"
 

@@ -54,7 +54,8 @@ def run_module(tmp_path: Path, *args: str, fake_nvml: bool) -> subprocess.Comple
     (stubs / "tensorflow" / "__init__.py").write_text(BLOCKED_TENSORFLOW)
     if fake_nvml:
         (stubs / "pynvml.py").write_text(FAKE_PYNVML)
-    env = {key: value for key, value in os.environ.items() if key != "CUDA_VISIBLE_DEVICES"}
+    # The cache under XDG_CACHE_HOME: without the suite's MYXTTS_CACHE_DIR (conftest.py), which would win.
+    env = {key: value for key, value in os.environ.items() if key not in ("CUDA_VISIBLE_DEVICES", "MYXTTS_CACHE_DIR")}
     env.update(PYTHONPATH=f"{stubs}{os.pathsep}{REPO}", HOME=str(tmp_path / "home"),
                XDG_CACHE_HOME=str(tmp_path / "cache"))
     return subprocess.run([sys.executable, "-m", "myxtts.hardware", *args], cwd=tmp_path, env=env,
