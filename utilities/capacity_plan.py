@@ -24,8 +24,7 @@ REPOSITORY_ROOT = Path(__file__).resolve().parent.parent
 if str(REPOSITORY_ROOT) not in sys.path:  # run as a script from a checkout
     sys.path.insert(0, str(REPOSITORY_ROOT))
 
-from myxtts.diagnostics.arguments import add_run_arguments, run_overrides  # noqa: E402 - after the path
-from myxtts.hardware.capacity import DEFAULT_MFU, LOOP_ITERATION_S  # noqa: E402
+from myxtts.diagnostics.arguments import add_gpu_assumption_arguments, add_run_arguments, run_overrides  # noqa: E402 - after the path
 from myxtts.hardware.devices import DEVICES  # noqa: E402
 
 
@@ -35,9 +34,7 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--gpu", action="append", default=[], metavar="NAME",
                         help=f"GPU to plan for, repeatable, or 'all' (default: this machine's, else H100); known: "
                              f"{', '.join(d.key for d in DEVICES)}")
-    parser.add_argument("--mfu", type=float, default=DEFAULT_MFU, help="model FLOPs utilization (default: %(default)s)")
-    parser.add_argument("--loop-iteration-us", type=float, default=LOOP_ITERATION_S * 1e6,
-                        help="GPU time per iteration of the alignment's loops (default: %(default)s)")
+    add_gpu_assumption_arguments(parser)
     parser.add_argument("--recalibrate", action="store_true", help="time the host again instead of using the cache")
     parser.add_argument("--json", type=Path, help="also write the plans and the calibration as JSON to this file")
     return parser.parse_args(argv)

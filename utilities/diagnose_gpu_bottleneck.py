@@ -38,8 +38,7 @@ REPOSITORY_ROOT = Path(__file__).resolve().parent.parent
 if str(REPOSITORY_ROOT) not in sys.path:  # run as a script from a checkout
     sys.path.insert(0, str(REPOSITORY_ROOT))
 
-from myxtts.diagnostics.arguments import add_run_arguments, run_overrides  # noqa: E402 - after the path
-from myxtts.hardware.capacity import DEFAULT_MFU, LOOP_ITERATION_S  # noqa: E402
+from myxtts.diagnostics.arguments import add_gpu_assumption_arguments, add_run_arguments, run_overrides  # noqa: E402 - after the path
 from myxtts.hardware.devices import DEVICES, device_by_key  # noqa: E402
 
 
@@ -57,10 +56,7 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--simulate-gpu", metavar="NAME",
                         help="time the real pipeline against a consumer that takes each batch for its predicted step "
                              f"time on this GPU ({', '.join(d.key for d in DEVICES)})")
-    parser.add_argument("--mfu", type=float, default=DEFAULT_MFU,
-                        help="with --simulate-gpu: model FLOPs utilization assumed (default: %(default)s)")
-    parser.add_argument("--loop-iteration-us", type=float, default=LOOP_ITERATION_S * 1e6,
-                        help="with --simulate-gpu: GPU time per alignment loop iteration (default: %(default)s)")
+    add_gpu_assumption_arguments(parser, applies_to="with --simulate-gpu: ")
     arguments = parser.parse_args(argv)
     if arguments.simulate_gpu is not None:
         try:

@@ -19,6 +19,18 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
                         help="override any config key, e.g. --set model.size=small (repeatable)")
 
 
+def add_gpu_assumption_arguments(parser: argparse.ArgumentParser, applies_to: str = "") -> None:
+    """--mfu and --loop-iteration-us: the two assumptions of a GPU's predicted step time
+    (hardware/capacity.py), for the capacity plan and the simulated GPU alike. `applies_to` prefixes
+    the help ("with --simulate-gpu: ")."""
+    from myxtts.hardware.capacity import DEFAULT_MFU, LOOP_ITERATION_S
+
+    parser.add_argument("--mfu", type=float, default=DEFAULT_MFU,
+                        help=f"{applies_to}model FLOPs utilization assumed (default: %(default)s)")
+    parser.add_argument("--loop-iteration-us", type=float, default=LOOP_ITERATION_S * 1e6,
+                        help=f"{applies_to}GPU time per iteration of the alignment's loops (default: %(default)s)")
+
+
 def run_overrides(arguments: argparse.Namespace) -> list[str]:
     """The config overrides the options above ask for, `--set` last (so it wins)."""
     overrides = [f"data.train_data={arguments.train_data}"] if arguments.train_data else []
