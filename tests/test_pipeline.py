@@ -36,6 +36,20 @@ def test_dataset_graph_has_no_python_ops(utterances):
     assert find_python_ops(build_dataset(_config("data.text_frontend=characters"), utterances)) == []
 
 
+def test_the_pipeline_avoids_its_two_measured_slow_paths(utterances):
+    # Both found by utilities/profile_features.py and utilities/benchmark_pipeline.py (BENCHMARKS.md,
+    # 2026-11-24): the complex `tf.abs` (ComplexAbs) cost 3x the written-out magnitude, and unfused
+    # map stages ~25% of the clips per CPU second. Speed is measured there, not here; this keeps them out.
+    from myxtts.diagnostics.graph_scan import dataset_ops
+
+    for level in ("basic", "enhanced"):
+        ds = build_dataset(_config("data.cache_features=false", level=level), utterances)
+        assert "ComplexAbs" not in dataset_ops(ds)
+        assert {"RFFT", "MatMul"} <= dataset_ops(ds)  # the log-mel is in this graph, so the scan saw it
+        optimization = ds.options().experimental_optimization
+        assert optimization.map_fusion and optimization.map_and_filter_fusion
+
+
 def test_tokens_are_the_rows_phonemes(utterances):
     # The demo rows carry their phonemes; each batch row is one of them, id for id, with the
     # vocabulary's own Python encoding (so stress marks and punctuation are tokens, nothing folded).
