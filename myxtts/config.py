@@ -142,9 +142,12 @@ class TrainingConfig:
     init_from: str = ""
 
 
+InputRoute = Literal["auto", "keys", "on_the_fly", "cached_features", "mel_on_device"]
+
+
 @dataclass
 class HardwareConfig:
-    pass
+    input_route: InputRoute = "auto"
 
 
 @dataclass
@@ -417,6 +420,9 @@ def validate(config: Config) -> None:
     if d.service_address:
         if not _SERVICE_ADDRESS.fullmatch(d.service_address):
             problems.append(f"data.service_address must be grpc://host:port (the dispatcher's), got {d.service_address!r}")
+        if config.hardware.input_route == "cached_features":
+            problems.append("hardware.input_route: cached_features does not go with data.service_address: the "
+                            "service's workers compute the features every epoch; set it to auto or on_the_fly")
         if d.cache_features:
             # A cache on the workers would be wrong: dynamic sharding hands each worker other clips
             # every epoch. One here would leave the service idle after the first epoch.

@@ -138,3 +138,40 @@ def test_hardware_module_prints_the_capacity_plan_for_a_card_it_does_not_have(tm
     summary = next(line for line in result.stdout.splitlines() if line.startswith("  -> "))
     expected = 1 / (5e9 / (65e12 * 0.3) + 400.0 / 6 * 10e-6)
     assert f"eats ~{expected:,.0f} audio-s/s" in summary and math.isfinite(expected)
+
+
+def test_training_takes_the_capacity_plans_route_on_a_known_gpu():
+    from myxtts.config import load_config
+    from myxtts.training.run_setup import apply_input_route
+
+    h100 = MachineFacts(gpus=(gpu_facts_for(device_by_key("H100")),), usable_cpu_cores=16, ram_bytes=64 * 2**30)
+    cpu_only = MachineFacts(usable_cpu_cores=16, ram_bytes=64 * 2**30)
+    config = load_config(overrides=["model.size=base", "data.batch_size=16"])  # enhanced: the level caches features
+    calibrated = []
+
+    def host(**rates):
+        def calibrate(config, progress):
+            calibrated.append(config.data.train_data)
+            return record(**rates)
+        return calibrate
+
+    def route(config, facts, calibrate=None):
+        data = apply_input_route(config, facts, echo=lambda line: None, calibrate=calibrate).data
+        return data.cache_features, data.mel_on_device
+
+    # The simplest route whose supply meets the H100's demand (~80k audio-s/s for these made-up FLOPs).
+    assert route(config, h100, host(on_the_fly=1e6, cached=1e7, mel_on_device=1e6)) == (False, False)
+    assert route(config, h100, host(on_the_fly=10.0, cached=1e7, mel_on_device=20.0)) == (True, False)
+    assert route(config, h100, host(on_the_fly=10.0, cached=20.0, mel_on_device=1e7)) == (False, True)
+    assert len(calibrated) == 3
+    # No GPU, or input from a tf.data service: the keys stand and nothing is calibrated.
+    assert route(config, cpu_only, host(on_the_fly=10.0)) == (True, False)
+    served = load_config(overrides=["model.size=base", "data.service_address=grpc://localhost:5050"])
+    assert route(served, h100, host(on_the_fly=10.0)) == (False, False)
+    assert len(calibrated) == 3
+    # A named route is taken anywhere; `keys` keeps the keys even on a known GPU.
+    named = load_config(overrides=["model.size=base", "hardware.input_route=mel_on_device"])
+    assert route(named, cpu_only) == (False, True)
+    keys = load_config(overrides=["model.size=base", "hardware.input_route=keys", "data.cache_features=false"])
+    assert route(keys, h100, host(on_the_fly=10.0)) == (False, False)
+    assert len(calibrated) == 3

@@ -2,7 +2,9 @@
 
     resolve_plan(config)          GPU memory growth, then the hardware plan's automatic values
                                   (batch, accumulation, input workers, precision), the GPU batch
-                                  and the CPU precision measured in child processes (cached)
+                                  and the CPU precision measured in child processes (cached),
+                                  and the input route (hardware.input_route; on a GPU, the
+                                  capacity plan's, from a calibration of this host, cached)
     prepare_run(config, workdir)  language checked -> rows split -> rows phonemized once ->
                                   the vocabulary (the run's own when it resumes, the init_from
                                   source's tokens first when it fine-tunes) -> Run
@@ -31,7 +33,8 @@ from myxtts.data.phonemes import check_language
 from myxtts.data.text import Vocabulary
 from myxtts.hardware.batch_plan import BatchPlan
 from myxtts.hardware.cpu_precision import probe_cpu_precision
-from myxtts.hardware.detect import detect_machine
+from myxtts.hardware.detect import MachineFacts, detect_machine
+from myxtts.hardware.devices import device_for_gpu_name
 from myxtts.hardware.gpu_memory import allow_memory_growth
 from myxtts.hardware.plan import Plan, RequestedSettings, plan_for_machine
 from myxtts.hardware.probe_runner import probe_batch_size
@@ -80,9 +83,47 @@ def resolve_plan(config: Config, echo=console_echo) -> tuple[Config, str, Plan]:
         data=dataclasses.replace(d, batch_size=plan.batch_size, num_workers=plan.num_parallel_calls),
         training=dataclasses.replace(t, gradient_accumulation_steps=plan.gradient_accumulation_steps),
     )
+    resolved = apply_input_route(resolved, facts, echo)
     if plan.tf32:
         tf.config.experimental.enable_tensor_float_32_execution(True)
     return resolved, plan.precision, plan  # a Keras policy name; an explicit training.precision is honoured by the plan
+
+
+# What each route sets: (data.cache_features, data.mel_on_device).
+ROUTE_KEYS = {"on_the_fly": (False, False), "cached_features": (True, False), "mel_on_device": (False, True)}
+
+
+def apply_input_route(config: Config, facts: MachineFacts, echo=console_echo, calibrate=None) -> Config:
+    """The config with data.cache_features / data.mel_on_device set by `hardware.input_route`.
+
+    A named route sets them. `auto`, on a GPU the spec-sheet table knows, takes the capacity plan's
+    route for it: the host is calibrated on the training corpus (`calibrate(config, progress)`, by
+    default `diagnostics.capacity.host_calibration`, timed once per corpus, settings and CPU, then
+    read from its cache) and the simplest route whose supply meets the GPU's demand wins. Anywhere
+    else (a CPU, an unknown card, input from a tf.data service) and with `keys`, the two keys stand.
+    """
+    route = config.hardware.input_route
+    if route == "keys" or (route == "auto" and config.data.service_address):
+        return config
+    if route == "auto":
+        device = device_for_gpu_name(facts.gpus[0].name) if facts.gpus else None
+        if device is None:
+            return config
+        # Imported here: the capacity plan reads the corpus through this module (load_splits).
+        from myxtts.diagnostics.capacity import capacity_plans, host_calibration
+
+        if calibrate is None:
+            def calibrate(config, progress):
+                return host_calibration(config, progress=progress)
+        capacity = capacity_plans(config, calibrate(config, echo), [device], facts)[0]
+        route = capacity.choice.route
+        echo(f"input route: {capacity.summary()}")
+    cache_features, mel_on_device = ROUTE_KEYS[route]
+    if (config.data.cache_features, config.data.mel_on_device) != (cache_features, mel_on_device):
+        echo(f"input route {route} (hardware.input_route: {config.hardware.input_route}): "
+             f"data.cache_features={str(cache_features).lower()}, data.mel_on_device={str(mel_on_device).lower()}")
+    return dataclasses.replace(config, data=dataclasses.replace(
+        config.data, cache_features=cache_features, mel_on_device=mel_on_device))
 
 
 def batch_plan_of(config: Config, replicas: int) -> BatchPlan:
