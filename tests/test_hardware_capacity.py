@@ -159,11 +159,20 @@ def test_training_takes_the_capacity_plans_route_on_a_known_gpu():
         data = apply_input_route(config, facts, echo=lambda line: None, calibrate=calibrate).data
         return data.cache_features, data.mel_on_device
 
-    # The simplest route whose supply meets the H100's demand (~80k audio-s/s for these made-up FLOPs).
+    # The simplest route whose supply meets the H100's demand (~3,800 audio-s/s for these made-up costs).
     assert route(config, h100, host(on_the_fly=1e6, cached=1e7, mel_on_device=1e6)) == (False, False)
     assert route(config, h100, host(on_the_fly=10.0, cached=1e7, mel_on_device=20.0)) == (True, False)
     assert route(config, h100, host(on_the_fly=10.0, cached=20.0, mel_on_device=1e7)) == (False, True)
     assert len(calibrated) == 3
+    # Eight of them from one input pipeline eat eight times as much: what feeds one H100 on the fly
+    # (400 audio-s/s per core x 15 input cores, against ~3,800 for one) no longer feeds eight.
+    eight = dataclasses.replace(h100, gpus=h100.gpus * 8)
+    lines = []
+    assert route(config, h100, host(on_the_fly=400.0, cached=1e7, mel_on_device=400.0)) == (False, False)
+    assert apply_input_route(config, eight, echo=lines.append,
+                             calibrate=host(on_the_fly=400.0, cached=1e7, mel_on_device=400.0)).data.cache_features
+    assert any("for 8 GPUs" in line and "for the 8 of them" in line for line in lines), lines
+    del calibrated[3:]
     # No GPU, or input from a tf.data service: the keys stand and nothing is calibrated.
     assert route(config, cpu_only, host(on_the_fly=10.0)) == (True, False)
     served = load_config(overrides=["model.size=base", "data.service_address=grpc://localhost:5050"])

@@ -35,10 +35,13 @@ def host_calibration(config: Config, *, cache: CapacityCache | None = None, reca
 
 
 def capacity_plans(config: Config, record: CapacityRecord, devices: list[DeviceSpec], facts: MachineFacts,
-                   mfu: float = DEFAULT_MFU, loop_iteration_s: float = LOOP_ITERATION_S) -> list[CapacityPlan]:
-    """One capacity plan per GPU for the config's model, batch and precision on this host."""
+                   mfu: float = DEFAULT_MFU, loop_iteration_s: float = LOOP_ITERATION_S,
+                   gpus: int = 1) -> list[CapacityPlan]:
+    """One capacity plan per GPU model for the config's model, batch and precision on this host,
+    with `gpus` cards of it fed by this host's one input pipeline."""
     return [plan_capacity(record, device, facts, config.model.size, batch_size=config.data.batch_size,
-                          precision=config.training.precision or "auto", mfu=mfu, loop_iteration_s=loop_iteration_s)
+                          precision=config.training.precision or "auto", mfu=mfu, loop_iteration_s=loop_iteration_s,
+                          gpus=gpus)
             for device in devices]
 
 

@@ -115,13 +115,14 @@ class RouteChoice:
     advice: str
 
 
-def choose_route(record: CapacityRecord, demand: GpuDemand, mel_demand: GpuDemand, input_cores: int) -> RouteChoice:
-    """The simplest route whose supply meets the demand (on the fly < cached features < mel_on_device),
-    or, when none does, the one that comes closest."""
+def choose_route(record: CapacityRecord, demand: GpuDemand, mel_demand: GpuDemand, input_cores: int,
+                 gpus: int = 1) -> RouteChoice:
+    """The simplest route whose supply meets the demand of `gpus` such GPUs, fed by one input pipeline
+    (on the fly < cached features < mel_on_device), or, when none does, the one that comes closest."""
     supplies = []
     for route in ROUTES:
         rate = record.routes[route].audio_s_per_cpu_s
-        need = (mel_demand if route == "mel_on_device" else demand).audio_s_per_s
+        need = gpus * (mel_demand if route == "mel_on_device" else demand).audio_s_per_s
         supplies.append(RouteSupply(route, rate, rate * input_cores, need, max(1, math.ceil(need / rate))))
     feeding = [s for s in supplies if s.feeds]
     if feeding:
@@ -151,8 +152,10 @@ def _cores(count: int) -> str:
 def summary_line(demand: GpuDemand, choice: RouteChoice, input_cores: int) -> str:
     """One sentence: the appetite, the host's on-the-fly supply and the route."""
     on_the_fly = choice.supplies[0]
+    gpus = round(on_the_fly.demand / demand.audio_s_per_s) if demand.audio_s_per_s else 1
+    together = f" ({_rate(on_the_fly.demand)} for the {gpus} of them)" if gpus > 1 else ""
     return (f"{demand.model_size} model on {demand.device.key} ({demand.path.split()[0]}) at {demand.mfu:.0%} MFU eats "
-            f"~{_rate(demand.audio_s_per_s)} audio-s/s; this host delivers {_rate(on_the_fly.supply)} on the fly with "
+            f"~{_rate(demand.audio_s_per_s)} audio-s/s{together}; this host delivers {_rate(on_the_fly.supply)} on the fly with "
             f"{_cores(input_cores)}: {choice.advice}")
 
 
@@ -245,8 +248,8 @@ def gpu_facts_for(device: DeviceSpec, index: int = 0) -> GpuFacts:
 
 def plan_capacity(record: CapacityRecord, device: DeviceSpec, facts: MachineFacts, model_size: str, *,
                   batch_size: int = 0, precision: str = "auto", mfu: float = DEFAULT_MFU,
-                  loop_iteration_s: float = LOOP_ITERATION_S) -> CapacityPlan:
-    """The capacity plan of this host (`facts`: its cores and RAM) driving one `device`.
+                  loop_iteration_s: float = LOOP_ITERATION_S, gpus: int = 1) -> CapacityPlan:
+    """The capacity plan of this host (`facts`: its cores and RAM) driving `gpus` of `device`.
 
     Precision, batch and the pipeline's cores are the hardware plan's for that GPU, so the numbers are
     those of the run the plan would make: `batch_size` 0 takes the plan's batch prior for the card.
@@ -257,5 +260,5 @@ def plan_capacity(record: CapacityRecord, device: DeviceSpec, facts: MachineFact
     mel = gpu_demand(record, model_size, device, plan.precision, plan.tf32, plan.batch_size, mfu, loop_iteration_s,
                      mel_on_device=True)
     # The input's cores are the pipeline's thread pool (it keeps two calls in flight on each).
-    choice = choose_route(record, demand, mel, plan.private_threadpool_size)
+    choice = choose_route(record, demand, mel, plan.private_threadpool_size, gpus)
     return CapacityPlan(demand, mel, choice, plan.private_threadpool_size, record, loop_iteration_s)

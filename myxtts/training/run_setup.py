@@ -115,9 +115,10 @@ def apply_input_route(config: Config, facts: MachineFacts, echo=console_echo, ca
         if calibrate is None:
             def calibrate(config, progress):
                 return host_calibration(config, progress=progress)
-        capacity = capacity_plans(config, calibrate(config, echo), [device], facts)[0]
+        gpus = len(facts.gpus)  # one input pipeline feeds every replica on this host
+        capacity = capacity_plans(config, calibrate(config, echo), [device], facts, gpus=gpus)[0]
         route = capacity.choice.route
-        echo(f"input route: {capacity.summary()}")
+        echo(f"input route{f' for {gpus} GPUs' if gpus > 1 else ''}: {capacity.summary()}")
     cache_features, mel_on_device = ROUTE_KEYS[route]
     if (config.data.cache_features, config.data.mel_on_device) != (cache_features, mel_on_device):
         echo(f"input route {route} (hardware.input_route: {config.hardware.input_route}): "
