@@ -173,6 +173,12 @@ def test_training_takes_the_capacity_plans_route_on_a_known_gpu():
                              calibrate=host(on_the_fly=400.0, cached=1e7, mel_on_device=400.0)).data.cache_features
     assert any("for 8 GPUs" in line and "for the 8 of them" in line for line in lines), lines
     del calibrated[3:]
+    # A calibration that fails (its sample fills no batch, say) leaves the keys to the run, which says why.
+    def failing(config, progress):
+        raise ValueError("the 3 training clips do not fill one batch of 16")
+    lines.clear()
+    assert apply_input_route(config, h100, echo=lines.append, calibrate=failing).data.cache_features
+    assert any("calibration failed" in line and "fill one batch" in line for line in lines), lines
     # No GPU, or input from a tf.data service: the keys stand and nothing is calibrated.
     assert route(config, cpu_only, host(on_the_fly=10.0)) == (True, False)
     served = load_config(overrides=["model.size=base", "data.service_address=grpc://localhost:5050"])

@@ -116,7 +116,13 @@ def apply_input_route(config: Config, facts: MachineFacts, echo=console_echo, ca
             def calibrate(config, progress):
                 return host_calibration(config, progress=progress)
         gpus = len(facts.gpus)  # one input pipeline feeds every replica on this host
-        capacity = capacity_plans(config, calibrate(config, echo), [device], facts, gpus=gpus)[0]
+        try:
+            record = calibrate(config, echo)
+        except (ValueError, tf.errors.OpError) as error:  # e.g. a sample that fills no batch: training says more
+            echo(f"input route: the host calibration failed ({(str(error).splitlines() or [''])[0][:200]}); "
+                 "data.cache_features and data.mel_on_device stay as set")
+            return config
+        capacity = capacity_plans(config, record, [device], facts, gpus=gpus)[0]
         route = capacity.choice.route
         echo(f"input route{f' for {gpus} GPUs' if gpus > 1 else ''}: {capacity.summary()}")
     cache_features, mel_on_device = ROUTE_KEYS[route]
