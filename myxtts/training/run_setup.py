@@ -1,10 +1,10 @@
 """The start every user of a run shares, so that none of them sees the data differently.
 
     resolve_plan(config)          GPU memory growth, then the hardware plan's automatic values
-                                  (batch, accumulation, input workers, precision), the GPU batch
-                                  and the CPU precision measured in child processes (cached),
-                                  and the input route (hardware.input_route; on a GPU, the
-                                  capacity plan's, from a calibration of this host, cached)
+                                  (batch, accumulation, input workers, precision), the input route
+                                  (hardware.input_route; on a GPU, the capacity plan's, from a
+                                  calibration of this host, cached), then the GPU batch and the
+                                  CPU precision measured in child processes (cached)
     prepare_run(config, workdir)  language checked -> rows split -> rows phonemized once ->
                                   the vocabulary (the run's own when it resumes, the init_from
                                   source's tokens first when it fine-tunes) -> Run
@@ -71,6 +71,9 @@ def resolve_plan(config: Config, echo=console_echo) -> tuple[Config, str, Plan]:
     )
     # The probes below can take minutes on their first run: a mistyped data path fails before them.
     check_data_paths(config)
+    # The input route before the batch probe: with mel_on_device a step holds waveforms and the STFT.
+    config = apply_input_route(config, facts, echo)
+    d = config.data
     # The replicas of every host share the effective batch; then measure the batch on this GPU model
     # (cached, and before this process claims GPU memory).
     plan = distribute.with_replicas(plan, distribute.planned_replicas(plan))
@@ -83,7 +86,6 @@ def resolve_plan(config: Config, echo=console_echo) -> tuple[Config, str, Plan]:
         data=dataclasses.replace(d, batch_size=plan.batch_size, num_workers=plan.num_parallel_calls),
         training=dataclasses.replace(t, gradient_accumulation_steps=plan.gradient_accumulation_steps),
     )
-    resolved = apply_input_route(resolved, facts, echo)
     if plan.tf32:
         tf.config.experimental.enable_tensor_float_32_execution(True)
     return resolved, plan.precision, plan  # a Keras policy name; an explicit training.precision is honoured by the plan
