@@ -190,3 +190,28 @@ def test_training_takes_the_capacity_plans_route_on_a_known_gpu():
     keys = load_config(overrides=["model.size=base", "hardware.input_route=keys", "data.cache_features=false"])
     assert route(keys, h100, host(on_the_fly=10.0)) == (False, False)
     assert len(calibrated) == 3
+
+
+def test_the_batch_probe_measures_the_step_of_the_chosen_route(monkeypatch, demo_corpus):
+    # mel_on_device puts waveforms and the STFT in the step: the GPU batch must be probed with them.
+    from myxtts.config import load_config
+    from myxtts.diagnostics import capacity
+    from myxtts.training import run_setup
+
+    class Probed(Exception):
+        pass
+
+    def probe_batch_size(config, plan, facts, **kwargs):
+        raise Probed(config.data.mel_on_device)
+
+    h100 = MachineFacts(gpus=(gpu_facts_for(device_by_key("H100")),), usable_cpu_cores=16, ram_bytes=64 * 2**30)
+    monkeypatch.setattr(run_setup, "allow_memory_growth", lambda echo: None)
+    monkeypatch.setattr(run_setup, "detect_machine", lambda: h100)
+    monkeypatch.setattr(capacity, "host_calibration",
+                        lambda config, progress: record(on_the_fly=10.0, cached=20.0, mel_on_device=1e7))
+    monkeypatch.setattr(run_setup, "probe_batch_size", probe_batch_size)
+    config = load_config(overrides=[f"data.train_data={demo_corpus}", "model.size=base"])
+    assert not config.data.mel_on_device
+    with pytest.raises(Probed) as probed:
+        run_setup.resolve_plan(config, echo=lambda line: None)
+    assert probed.value.args == (True,)
