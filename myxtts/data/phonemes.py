@@ -36,8 +36,11 @@ from pathlib import Path
 
 from myxtts.data.espeak import library
 from myxtts.data.manifest import Utterance
-from myxtts.data.text import PHONEME_SEPARATOR
 from myxtts.progress import ProgressLine
+
+# Between the phonemes of a word in a phoneme string (espeak-ng writes it there for us). Defined here,
+# not in text.py, which needs TensorFlow: the demo corpus's worker processes import this module.
+PHONEME_SEPARATOR = "|"
 
 # Bump when the strings `phonemize` makes change for the same espeak-ng, so caches are redone.
 FRONTEND_VERSION = 2

@@ -23,12 +23,12 @@ from pathlib import Path
 
 import tensorflow as tf
 
+from myxtts.data.phonemes import PHONEME_SEPARATOR
+
 TEXT_FRONTENDS = ("phonemes", "characters")
 PAD, UNK = "<pad>", "<unk>"
 SPECIAL_TOKENS = (PAD, UNK)
 PAD_ID, UNK_ID = range(2)
-# Between the phonemes of a word in a phoneme string (espeak-ng writes it there for us).
-PHONEME_SEPARATOR = "|"
 
 # Typographic variants folded to one ASCII spelling so "don’t" and "don't" share tokens.
 TEXT_REPLACEMENTS = (
