@@ -113,6 +113,7 @@ class RouteChoice:
     feeds: bool  # whether it keeps the GPU fed
     supplies: tuple[RouteSupply, ...]
     advice: str
+    gpus: int = 1  # the GPUs whose demand the supplies were measured against
 
 
 def choose_route(record: CapacityRecord, demand: GpuDemand, mel_demand: GpuDemand, input_cores: int,
@@ -134,11 +135,11 @@ def choose_route(record: CapacityRecord, demand: GpuDemand, mel_demand: GpuDeman
             advice = f"use {ROUTE_LABELS[first.route]}" + (f" or {' or '.join(others)}" if others else "")
             if first.route == "cached_features":
                 advice += " (the first epoch, which fills the cache, runs at the on-the-fly rate)"
-        return RouteChoice(first.route, True, tuple(supplies), advice)
+        return RouteChoice(first.route, True, tuple(supplies), advice, gpus)
     best = max(supplies, key=lambda s: s.supply / s.demand)
     advice = (f"no route keeps it fed: {ROUTE_LABELS[best.route]} comes closest ({best.supply / best.demand:.0%} of "
               f"the demand); it needs {best.cores_needed} input cores, or a smaller GPU")
-    return RouteChoice(best.route, False, tuple(supplies), advice)
+    return RouteChoice(best.route, False, tuple(supplies), advice, gpus)
 
 
 def _rate(value: float) -> str:
@@ -152,8 +153,7 @@ def _cores(count: int) -> str:
 def summary_line(demand: GpuDemand, choice: RouteChoice, input_cores: int) -> str:
     """One sentence: the appetite, the host's on-the-fly supply and the route."""
     on_the_fly = choice.supplies[0]
-    gpus = round(on_the_fly.demand / demand.audio_s_per_s) if demand.audio_s_per_s else 1
-    together = f" ({_rate(on_the_fly.demand)} for the {gpus} of them)" if gpus > 1 else ""
+    together = f" ({_rate(on_the_fly.demand)} for the {choice.gpus} of them)" if choice.gpus > 1 else ""
     return (f"{demand.model_size} model on {demand.device.key} ({demand.path.split()[0]}) at {demand.mfu:.0%} MFU eats "
             f"~{_rate(demand.audio_s_per_s)} audio-s/s{together}; this host delivers {_rate(on_the_fly.supply)} on the fly with "
             f"{_cores(input_cores)}: {choice.advice}")
