@@ -9,10 +9,6 @@ remote worker).
 import collections
 import gc
 import math
-import select
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -22,55 +18,19 @@ from myxtts.data.manifest import read_manifest
 from myxtts.data.pipeline import Epochs, check_dispatcher, reference_log_mel
 from myxtts.diagnostics.graph_scan import dataset_ops, find_python_ops
 from myxtts.training.trainer import train
-
-SCRIPT = Path(__file__).resolve().parents[1] / "utilities" / "data_service.py"
-STARTUP_S = 60  # TensorFlow's import on 2 loaded cores
-
-
-def _start(args: list[str], log: Path, processes: list) -> subprocess.Popen:
-    """Start the CLI with `args`, kept in `processes` to be stopped."""
-    with open(log, "w") as stderr:  # the child keeps its own copy of the file
-        process = subprocess.Popen([sys.executable, str(SCRIPT), *args], stdout=subprocess.PIPE, stderr=stderr, text=True)
-    processes.append(process)
-    return process
-
-
-def _first_line(process: subprocess.Popen, log: Path) -> str:
-    """What the CLI printed once its server runs."""
-    ready, _, _ = select.select([process.stdout], [], [], STARTUP_S)
-    line = process.stdout.readline() if ready else ""
-    if not line:
-        raise RuntimeError(f"`{' '.join(process.args[1:])}` printed nothing in {STARTUP_S} s; its log:\n{log.read_text()}")
-    return line
+from utilities.data_service import local_service
 
 
 @pytest.fixture(scope="module")
 def service(tmp_path_factory):
     """grpc://127.0.0.1:PORT of a dispatcher with two workers; all three stopped afterwards."""
-    logs, processes = tmp_path_factory.mktemp("data_service"), []
-    try:
-        # Port 0: the system picks free ports, so parallel test processes never collide.
-        dispatcher = _start(["dispatcher", "--port", "0"], logs / "dispatcher.log", processes)
-        port = _first_line(dispatcher, logs / "dispatcher.log").split("listening on port ")[1].split(";")[0]
-        workers = {logs / f"worker{i}.log": _start(["worker", "--dispatcher", f"127.0.0.1:{port}", "--port", "0",
-                                                    "--address", "127.0.0.1"], logs / f"worker{i}.log", processes)
-                   for i in (1, 2)}  # both start at once: TensorFlow's import is most of the wait
-        for log, worker in workers.items():
-            _first_line(worker, log)
-        yield f"grpc://127.0.0.1:{port}"
-    finally:
-        # Iterators that outlived their test (Keras keeps its own in reference cycles) would ask the
-        # stopped dispatcher for work every second for the rest of this process: free them first.
-        gc.collect()
-        for process in processes:
-            process.terminate()
-        for process in processes:
-            try:
-                process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
-            process.stdout.close()
+    with local_service(2, tmp_path_factory.mktemp("data_service")) as address:
+        try:
+            yield address
+        finally:
+            # Iterators that outlived their test (Keras keeps its own in reference cycles) would ask the
+            # stopped dispatcher for work every second for the rest of this process: free them first.
+            gc.collect()
 
 
 def _config(service, *overrides):

@@ -17,8 +17,61 @@ Python (tests/test_pipeline.py scans the graph). Each server runs until Ctrl-C.
 """
 
 import argparse
+import contextlib
+import select
 import socket
+import subprocess
 import sys
+from pathlib import Path
+from typing import Iterator
+
+STARTUP_S = 60  # TensorFlow's import on 2 loaded cores
+
+
+@contextlib.contextmanager
+def local_service(workers: int, log_dir: Path) -> Iterator[str]:
+    """grpc://127.0.0.1:PORT of a dispatcher and `workers` workers on this machine, each a process
+    running this script (as on other hosts), their stderr in `log_dir`; all stopped on exit.
+
+    Separate processes matter: a worker inside the caller's process would run the dataset's graph
+    with the caller's Python at hand, so a Python op would pass unnoticed.
+    """
+    processes: list[subprocess.Popen] = []
+
+    def start(args: list[str], log: Path) -> subprocess.Popen:
+        with open(log, "w") as stderr:  # the child keeps its own copy of the file
+            process = subprocess.Popen([sys.executable, __file__, *args], stdout=subprocess.PIPE, stderr=stderr, text=True)
+        processes.append(process)
+        return process
+
+    def first_line(process: subprocess.Popen, log: Path) -> str:
+        """What the server printed once it runs."""
+        ready, _, _ = select.select([process.stdout], [], [], STARTUP_S)
+        line = process.stdout.readline() if ready else ""
+        if not line:
+            raise RuntimeError(f"`{' '.join(process.args[1:])}` printed nothing in {STARTUP_S} s; its log:\n{log.read_text()}")
+        return line
+
+    try:
+        # Port 0: the system picks free ports, so parallel callers never collide.
+        dispatcher = start(["dispatcher", "--port", "0"], log_dir / "dispatcher.log")
+        port = first_line(dispatcher, log_dir / "dispatcher.log").split("listening on port ")[1].split(";")[0]
+        started = {log_dir / f"worker{i}.log": start(["worker", "--dispatcher", f"127.0.0.1:{port}", "--port", "0",
+                                                       "--address", "127.0.0.1"], log_dir / f"worker{i}.log")
+                   for i in range(1, workers + 1)}  # all at once: TensorFlow's import is most of the wait
+        for log, worker in started.items():
+            first_line(worker, log)
+        yield f"grpc://127.0.0.1:{port}"
+    finally:
+        for process in processes:
+            process.terminate()
+        for process in processes:
+            try:
+                process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+            process.stdout.close()
 
 
 def main(argv=None) -> int:
