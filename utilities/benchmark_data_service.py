@@ -4,9 +4,9 @@
     python utilities/benchmark_data_service.py --corpus demo_corpus --workers 2 --epochs 5
 
 Starts a dispatcher and `--workers` workers on 127.0.0.1 (each a process of its own, through
-`utilities/data_service.py`, as on other hosts), then reads the same number of batches, an epoch's
-worth at a time, from the training stream computed here (`data.cache_features: false`) and from the
-same stream served by the workers (`data.service_address`), alternating. On one machine the two
+`utilities/data_service.local_service`, as on other hosts), then reads the same number of batches, an epoch's
+worth at a time, from the training stream computed here (`data.cache_features: false`), then from
+the same stream served by the workers (`data.service_address`); a warm-up epoch first on each side. On one machine the two
 share its cores, so this measures the service's own cost (serialising the features, gRPC, the
 dispatcher), not what more hosts would add: that needs more machines.
 """
@@ -14,16 +14,13 @@ dispatcher), not what more hosts would add: that needs more machines.
 from __future__ import annotations
 
 import argparse
-import select
 import statistics
-import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 REPOSITORY_ROOT = Path(__file__).resolve().parent.parent
-SERVICE_SCRIPT = REPOSITORY_ROOT / "utilities" / "data_service.py"
-STARTUP_S = 120
 
 
 def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
@@ -39,60 +36,42 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def _start(args: list[str], processes: list) -> str:
-    """Start `data_service.py args`; its first line (printed once its server runs)."""
-    process = subprocess.Popen([sys.executable, str(SERVICE_SCRIPT), *args], stdout=subprocess.PIPE,
-                               stderr=subprocess.DEVNULL, text=True)
-    processes.append(process)
-    ready, _, _ = select.select([process.stdout], [], [], STARTUP_S)
-    line = process.stdout.readline() if ready else ""
-    if not line:
-        raise RuntimeError(f"`data_service.py {' '.join(args)}` printed nothing in {STARTUP_S} s")
-    return line
-
-
 def main(argv: list[str] | None = None) -> int:
     arguments = parse_arguments(argv)
     sys.path.insert(0, str(REPOSITORY_ROOT))
     from myxtts.config import load_config
     from myxtts.data.manifest import read_manifest
     from myxtts.data.pipeline import Epochs, build_vocabulary
+    from utilities.data_service import local_service
 
-    processes: list[subprocess.Popen] = []
-    try:
-        line = _start(["dispatcher", "--port", "0"], processes)
-        port = line.split("listening on port ")[1].split(";")[0]
-        for _ in range(arguments.workers):
-            _start(["worker", "--dispatcher", f"127.0.0.1:{port}", "--port", "0", "--address", "127.0.0.1"], processes)
+    with tempfile.TemporaryDirectory() as logs, local_service(arguments.workers, Path(logs)) as address:
         settings = ["data.cache_features=false", f"data.batch_size={arguments.batch_size}"]
         rows = read_manifest(arguments.corpus)[: arguments.limit]
         local_config = load_config(arguments.config, overrides=settings)
-        served_config = load_config(arguments.config, overrides=[*settings, f"data.service_address=grpc://127.0.0.1:{port}"])
+        served_config = load_config(arguments.config, overrides=[*settings, f"data.service_address={address}"])
         vocabulary = build_vocabulary(rows, local_config.data)
         local = Epochs(local_config, rows, training=True, vocabulary=vocabulary)
         per_epoch = local.batches_per_epoch()
-        streams = {"this process": iter(local.stream()),
-                   f"service, {arguments.workers} worker(s)": iter(
-                       Epochs(served_config, rows, training=True, vocabulary=vocabulary).stream())}
-        rates: dict[str, list[float]] = {name: [] for name in streams}
-        for epoch in range(arguments.epochs + 1):  # the first round warms both up (tracing, file cache)
-            for name, stream in streams.items():
+        sides = {"this process": local,
+                 f"service, {arguments.workers} worker(s)": Epochs(served_config, rows, training=True, vocabulary=vocabulary)}
+        rates: dict[str, list[float]] = {name: [] for name in sides}
+        for name, epochs in sides.items():
+            # One side after the other, each with its own iterator made here and dropped after: a
+            # served stream left open keeps its workers filling buffers, which the next round would
+            # drain and count as speed (measured: 3.6x "faster" than local on 48 clips, alternating).
+            stream = iter(epochs.stream())
+            for epoch in range(arguments.epochs + 1):  # the first epoch warms up (tracing, file cache, workers)
                 started, clips = time.perf_counter(), 0
                 for _ in range(per_epoch):
                     clips += int(next(stream)["mel_length"].shape[0])
                 if epoch:
                     rates[name].append(clips / (time.perf_counter() - started))
-            print(f"\rround {epoch + 1}/{arguments.epochs + 1}", end="", file=sys.stderr, flush=True)
+                print(f"\r{name}: epoch {epoch + 1}/{arguments.epochs + 1}", end="", file=sys.stderr, flush=True)
+            del stream
         print(file=sys.stderr)
-    finally:
-        for process in processes:
-            process.terminate()
-        for process in processes:
-            process.wait(timeout=30)
-            process.stdout.close()
 
     print(f"{arguments.corpus}: {len(rows)} clips, {per_epoch} batches of {arguments.batch_size} per epoch; "
-          f"median over {arguments.epochs} epochs per side, alternating")
+          f"median over {arguments.epochs} epochs per side, one side after the other")
     base = statistics.median(rates["this process"])
     for name, values in rates.items():
         median = statistics.median(values)
