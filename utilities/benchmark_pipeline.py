@@ -79,6 +79,10 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--calls-per-core", type=int, default=2,
                         help="parallel calls in flight per core (data.num_workers = this x cores) for both on-the-fly "
                              "columns; the hardware plan uses 2 (default: %(default)s)")
+    parser.add_argument("--baseline-skips-dropped", action="store_true",
+                        help="give the baseline the native pipeline's stage that computes no features for the "
+                             "clips each bucket drops at the end of an epoch (by default the baseline is the usual "
+                             "pipeline, which computes them)")
     # The parent re-invokes this script with a JSON job description; not for people.
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     arguments = parser.parse_args(argv)
@@ -137,6 +141,7 @@ def main(argv: list[str] | None = None) -> int:
             "epochs": arguments.epochs,
             "warmup_epochs": arguments.warmup_epochs,
             "calls_per_core": arguments.calls_per_core,
+            "baseline_skips_dropped": arguments.baseline_skips_dropped,
         }
         for cores in core_counts
         for measurement in MEASUREMENTS
@@ -224,7 +229,7 @@ def run_worker(job: dict) -> int:
     utterances = read_manifest(job["corpus"])[: job["limit"]]
     vocabulary = build_vocabulary(utterances, config.data)
     if measurement == "baseline":
-        epochs = baseline_epochs(config, utterances, vocabulary)
+        epochs = baseline_epochs(config, utterances, vocabulary, skips_dropped=job["baseline_skips_dropped"])
     else:
         epochs = Epochs(config, utterances, training=True, vocabulary=vocabulary)
     # One iterator over the endless stream, as training reads it (Keras keeps one iterator when
@@ -294,13 +299,19 @@ def summarize(epochs: list[dict]) -> dict:
 # The baseline: the same batches, with features computed by librosa through tf.numpy_function.
 
 
-def baseline_epochs(config, utterances, vocabulary):
+def baseline_epochs(config, utterances, vocabulary, skips_dropped: bool = False):
     """The usual way: Python (librosa) per clip inside `tf.numpy_function`, TensorFlow around it.
 
     Everything that is not feature computation (row order, shuffling, the length filter, the
     reference draw, bucketing, padding, threading options, prefetch) is the native pipeline's own
     code (`pipeline.Epochs`), so the two sides differ only in how a clip becomes features and tokens.
     Meant for `data.cache_features: false`, the on-the-fly measurement.
+
+    The one exception, unless `skips_dropped`: the native pipeline decides from a clip's length
+    which clips an epoch's full batches will hold before it computes any features
+    (`Epochs._in_full_batches`), while the usual pipeline computes every decoded clip's features and
+    lets the batching drop each bucket's remainder. `skips_dropped` gives the baseline that stage
+    too, to show what the stage alone is worth.
     """
     try:
         import librosa
@@ -374,10 +385,16 @@ def baseline_epochs(config, utterances, vocabulary):
         """The native pipeline's order, length filter, reference draw, bucketing, padding, options
         and prefetch, around librosa features."""
 
-        def _features(self, rows):
+        def _decoded(self, rows):
             ds = rows.map(decode_row, num_parallel_calls=parallel_calls, deterministic=self.ordered)
-            ds = ds.filter(lambda example: pipeline.within_limits(example, c))
-            return ds.map(feature_row, num_parallel_calls=parallel_calls, deterministic=self.ordered)
+            return ds.filter(lambda example: pipeline.within_limits(example, c))
+
+        def _clip_features(self, example):
+            return feature_row(example)
+
+        if not skips_dropped:
+            def _in_full_batches(self, decoded):
+                return decoded  # the usual way: every decoded clip's features, those of the dropped remainders too
 
         def _with_reference(self, example, key):
             path = self.references.reference_path(example["clip"], key)
@@ -419,6 +436,7 @@ def build_report(results: list[dict], arguments, utterances, load_before, total_
         "cpu_efficiency_vs_baseline": widest["cpu_efficiency_vs_baseline"],
         "cores": max(int(k) for k in by_cores),
         "same_clips_on_every_side": len(delivered) == 1,
+        "baseline_skips_dropped": arguments.baseline_skips_dropped,
         "statistic": f"median over {arguments.epochs} timed epochs after {arguments.warmup_epochs} warm-up epoch(s)",
         "by_cores": by_cores,
         "corpus": str(arguments.corpus.resolve()),
@@ -496,6 +514,9 @@ def format_table(report: dict) -> str:
             for m in MEASUREMENTS
         )
         lines.append(f"Scaling from {_cores(int(columns[0]))} to {_cores(int(columns[-1]))}: {scaling}")
+    lines.append("Baseline: " + ("with the native pipeline's skipping of the clips each bucket drops (--baseline-skips-dropped)."
+                                 if report["baseline_skips_dropped"] else
+                                 "the usual pipeline, which computes the features of the clips each bucket drops too."))
     if not report["same_clips_on_every_side"]:
         lines.append("WARNING: the measurements delivered different clips; see the JSON output (--json).")
     lines.append(f"Total benchmark time {_minutes(report['total_seconds'])}.")

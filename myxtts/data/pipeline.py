@@ -20,7 +20,9 @@ Order, every epoch (`Epochs`), so that a manifest sorted by speaker still gives 
   every clip's features are computed);
 * features cached in a file (too big for RAM, `feature_cache.py`): the same random order drawn once,
   then a shuffle within `data.shuffle_buffer_size` clips each epoch (the window lives in RAM);
-* no cache: the file list is permuted every epoch before decoding;
+* no cache: the file list is permuted every epoch before decoding, and the clips that will not
+  fill a full batch of their bucket (each bucket's remainder, dropped every training epoch) are
+  known from their lengths once decoded, so their log-mel and reference are never computed;
 * features from a tf.data service (`data.service_address`, training only; `Epochs.served_examples`):
   the service's workers, on other machines, read and decode the clips and compute their features and
   references, each clip once per epoch, in the order drawn once; this host shuffles within
@@ -195,11 +197,9 @@ class Epochs:
         """Full batches in one epoch (each bucket's last partial batch is dropped). Counting decodes
         every clip once (with a cache, that pass fills it)."""
         c = self.data
-        features = self._cached_features if self._cached_features is not None else self._features(self._rows())
         buckets = len(c.bucket_mel_lengths) if c.bucketing else 1
-        per_bucket = features.map(
-            lambda ex: tf.one_hot(bucket_index(ex["mel_length"], ex["text_length"], c) if c.bucketing else 0, buckets,
-                                  dtype=tf.int64),
+        per_bucket = self._lengths().map(
+            lambda mel_length, text_length: tf.one_hot(batch_key(mel_length, text_length, c), buckets, dtype=tf.int64),
             num_parallel_calls=tf.data.AUTOTUNE,
         ).reduce(tf.zeros([buckets], tf.int64), lambda total, one: total + one)
         count = int(tf.reduce_sum(per_bucket // self.batch_size))
@@ -210,12 +210,19 @@ class Epochs:
     def clip_lengths(self) -> tuple[list[int], list[int]]:
         """(mel frames, tokens) of every clip the length filter keeps, in cache order. Decodes every
         clip once (with a cache, that pass fills it; afterwards it reads the cache)."""
-        features = self._cached_features if self._cached_features is not None else self._features(self._rows())
         frames, tokens = [], []
-        for mel_length, text_length in features.map(lambda ex: (ex["mel_length"], ex["text_length"])).batch(4096):
+        for mel_length, text_length in self._lengths().batch(4096):
             frames += mel_length.numpy().tolist()
             tokens += text_length.numpy().tolist()
         return frames, tokens
+
+    def _lengths(self) -> tf.data.Dataset:
+        """(mel frames, tokens) of every clip the length filter keeps: read from the cache when there
+        is one (the first pass fills it), else from the decoded clips, without computing features."""
+        if self._cached_features is not None:
+            return self._cached_features.map(lambda ex: (ex["mel_length"], ex["text_length"]))
+        return self._decoded(self._rows()).map(lambda ex: (mel_frames(ex["samples"], self.data), tf.shape(ex["tokens"])[0]),
+                                               num_parallel_calls=tf.data.AUTOTUNE)
 
     def epoch(self, key) -> tf.data.Dataset:
         """The batches of the epoch whose int64 key is `key` (a scalar tensor)."""
@@ -229,10 +236,31 @@ class Epochs:
         else:
             order = tf.random.experimental.stateless_shuffle(tf.range(len(self.utterances), dtype=tf.int64),
                                                              seed=tf.stack([key, tf.constant(self.seed, tf.int64)]))
-            ds = self._features(self._rows(order if self.training else None))
+            ds = self._decoded(self._rows(order if self.training else None))
+            if self.training:
+                ds = self._in_full_batches(ds)
+            ds = ds.map(self._clip_features, num_parallel_calls=self._parallel_calls, deterministic=self.ordered)
         ds = ds.map(lambda ex: self._with_reference(ex, key), num_parallel_calls=self._parallel_calls,
                     deterministic=self.ordered)
         return batch_by_bucket(ds, c, self.batch_size, drop_remainder=self.training)
+
+    def _in_full_batches(self, decoded: tf.data.Dataset) -> tf.data.Dataset:
+        """The decoded clips that will reach a full batch, grouped as `batch_by_bucket` will batch them.
+
+        Each bucket's last partial batch of an epoch is dropped, and on a small corpus that is many
+        clips (43 of 123 decoded in BENCHMARKS.md). Deciding this from the clips' lengths, before their
+        log-mel and reference are computed, spares those clips the two costly stages: the length
+        alone sets a clip's bucket. The groups come out whole and in the order `batch_by_bucket`
+        would make them, so the batches are the same as without this stage.
+        """
+        c, size = self.data, self.batch_size
+
+        def key(example):
+            return batch_key(mel_frames(example["samples"], c), tf.shape(example["tokens"])[0], c)
+
+        # A ragged batch holds clips of any length without padding them; unbatched, they are plain tensors again.
+        return decoded.group_by_window(key_func=key, window_size=size,
+                                       reduce_func=lambda _, group: group.ragged_batch(size, drop_remainder=True).unbatch())
 
     @property
     def _parallel_calls(self):
@@ -291,10 +319,17 @@ class Epochs:
         return batch_by_bucket(ds, c, self.batch_size, drop_remainder=True)
 
     def _features(self, rows: tf.data.Dataset) -> tf.data.Dataset:
+        return self._decoded(rows).map(self._clip_features, num_parallel_calls=self._parallel_calls,
+                                       deterministic=self.ordered)
+
+    def _decoded(self, rows: tf.data.Dataset) -> tf.data.Dataset:
+        """The rows' clips decoded and tokenised, those outside the length limits left out."""
         c, table = self.data, self.vocabulary.lookup_table()
         ds = rows.map(lambda row: _decode(row, c, table), num_parallel_calls=self._parallel_calls, deterministic=self.ordered)
-        ds = ds.filter(lambda ex: within_limits(ex, c))
-        return ds.map(lambda ex: _features(ex, c), num_parallel_calls=self._parallel_calls, deterministic=self.ordered)
+        return ds.filter(lambda ex: within_limits(ex, c))
+
+    def _clip_features(self, example) -> dict:
+        return _features(example, self.data)
 
     def _build_crop_table(self) -> None:
         if self._crops is None and self.cache is not None and self.cache.crops_in_ram:
@@ -372,7 +407,7 @@ def within_limits(example, c: DataConfig) -> tf.Tensor:
         & (num_samples <= int(c.max_duration_s * c.sample_rate))
         & (num_tokens <= c.bucket_text_lengths[-1])
         & (num_tokens >= 1)
-        & (1 + num_samples // c.hop_length >= num_tokens)
+        & (mel_frames(example["samples"], c) >= num_tokens)
     )
 
 
@@ -380,7 +415,7 @@ def _features(example, c: DataConfig) -> dict:
     """A decoded clip's cached features (the reference is added after the cache, every epoch)."""
     if c.mel_on_device:
         # The waveform travels instead; the compiled step turns it into the same log-mel.
-        signal = {"audio": example["samples"], "mel_length": 1 + tf.shape(example["samples"])[0] // c.hop_length}
+        signal = {"audio": example["samples"], "mel_length": mel_frames(example["samples"], c)}
     else:
         mel = audio.log_mel(example["samples"], c)  # [frames, n_mels]
         signal = {"mel": mel, "mel_length": tf.shape(mel)[0]}
@@ -432,6 +467,16 @@ def padding_values(c: DataConfig) -> dict:
         "reference_mel": silence,
         "reference_length": zero,
     }
+
+
+def mel_frames(samples, c: DataConfig) -> tf.Tensor:
+    """The frames of a clip's log-mel: the STFT is centred, so 1 + samples // hop."""
+    return 1 + tf.shape(samples)[0] // c.hop_length
+
+
+def batch_key(mel_length, text_length, c: DataConfig) -> tf.Tensor:
+    """The group a clip is batched in: its bucket, or one group for all with data.bucketing off."""
+    return bucket_index(mel_length, text_length, c) if c.bucketing else tf.constant(0, tf.int64)
 
 
 def bucket_index(mel_length, text_length, c: DataConfig) -> tf.Tensor:
