@@ -146,6 +146,9 @@ def test_trim_silence_cuts_where_librosa_does(demo_corpus):
                 ours = audio.trim_silence(tf.constant(samples), top_db).numpy()
                 np.testing.assert_array_equal(ours, expected, err_msg=f"{path.name} top_db={top_db}")
                 trimmed_any |= len(expected) < len(samples)
+            # Frames that are not a whole number of hops take the general path.
+            np.testing.assert_array_equal(audio.trim_silence(tf.constant(samples), 40.0, 2000, 512).numpy(),
+                                          librosa.effects.trim(samples, top_db=40.0, frame_length=2000, hop_length=512)[0])
     assert trimmed_any  # the comparison covered real cuts, not only untouched clips
     # Edge cases: all digital silence stays whole (librosa's rule), a click in silence is kept alone.
     for samples in (np.zeros(5000, np.float32), np.r_[np.zeros(3000), np.ones(100), np.zeros(7000)].astype(np.float32)):

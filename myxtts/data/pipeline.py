@@ -1,7 +1,7 @@
 """From a manifest to padded, bucketed, prefetched batches, built only from TensorFlow ops.
 
     paths + model texts -> read_file -> decode_wav -> resample (if the file's rate differs)
-      -> peak-normalise -> tokenise -> length filter -> log-mel -> cache
+      -> trim silence -> tokenise -> length filter -> peak-normalise -> log-mel -> cache
       -> shuffle (every epoch) -> reference clip of the same voice (drawn every epoch)
       -> bucket by length, pad to the bucket's size -> prefetch (to the GPU)
 
@@ -390,8 +390,10 @@ def _decode(row, c: DataConfig, table) -> dict:
     if c.trim_silence_db > 0:
         samples = audio.trim_silence(samples, c.trim_silence_db)
     tokens = tokenize(row["text"], table, frontend=c.text_frontend)
+    # Peak-normalised later, in `_features`: the length filter and the drop of the clips no full
+    # batch will hold need only the length, so a dropped clip never pays for it.
     return {
-        "samples": audio.peak_normalize(samples, c.peak_normalize),
+        "samples": samples,
         "tokens": tokens,
         "clip": row["clip"],
     }
@@ -413,11 +415,12 @@ def within_limits(example, c: DataConfig) -> tf.Tensor:
 
 def _features(example, c: DataConfig) -> dict:
     """A decoded clip's cached features (the reference is added after the cache, every epoch)."""
+    samples = audio.peak_normalize(example["samples"], c.peak_normalize)
     if c.mel_on_device:
         # The waveform travels instead; the compiled step turns it into the same log-mel.
-        signal = {"audio": example["samples"], "mel_length": mel_frames(example["samples"], c)}
+        signal = {"audio": samples, "mel_length": mel_frames(samples, c)}
     else:
-        mel = audio.log_mel(example["samples"], c)  # [frames, n_mels]
+        mel = audio.log_mel(samples, c)  # [frames, n_mels]
         signal = {"mel": mel, "mel_length": tf.shape(mel)[0]}
     return {
         **signal,
