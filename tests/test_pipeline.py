@@ -119,8 +119,8 @@ def test_mel_lengths_are_the_true_clip_lengths(utterances):
 
 def test_an_epoch_computes_no_features_for_the_clips_its_batching_drops(utterances):
     # Each bucket's last partial batch is dropped every training epoch. Without a cache, the pipeline
-    # decides which clips those are from their lengths alone, before the log-mel and the reference
-    # (BENCHMARKS.md: 43 of 123 clips on a small corpus), and the batches stay the same.
+    # works out which clips those are from the order and the clips' lengths, and leaves them unread
+    # (BENCHMARKS.md: 43 of 123 clips on a small corpus); the batches stay the same.
     from myxtts.data.pipeline import Epochs
 
     config = _config("data.cache_features=false")
@@ -133,8 +133,8 @@ def test_an_epoch_computes_no_features_for_the_clips_its_batching_drops(utteranc
             self.featurized = tf.Variable(0, dtype=tf.int64)
             self.skip_dropped = skip_dropped
 
-        def _in_full_batches(self, decoded):
-            return super()._in_full_batches(decoded) if self.skip_dropped else decoded
+        def _in_full_batches(self, order):
+            return super()._in_full_batches(order) if self.skip_dropped else order
 
         def _clip_features(self, example):
             with tf.control_dependencies([self.featurized.assign_add(1)]):
@@ -142,6 +142,7 @@ def test_an_epoch_computes_no_features_for_the_clips_its_batching_drops(utteranc
 
     def one_epoch(skip_dropped):
         epochs = Counting(config, utterances, training=True, skip_dropped=skip_dropped)
+        epochs._prepare_tables()
         batches = list(epochs.epoch(epochs.epoch_key(0)).as_numpy_iterator())
         return batches, int(epochs.featurized.numpy())
 

@@ -307,10 +307,10 @@ def baseline_epochs(config, utterances, vocabulary, skips_dropped: bool = False)
     code (`pipeline.Epochs`), so the two sides differ only in how a clip becomes features and tokens.
     Meant for `data.cache_features: false`, the on-the-fly measurement.
 
-    The one exception, unless `skips_dropped`: the native pipeline decides from a clip's length
-    which clips an epoch's full batches will hold before it computes any features
-    (`Epochs._in_full_batches`), while the usual pipeline computes every decoded clip's features and
-    lets the batching drop each bucket's remainder. `skips_dropped` gives the baseline that stage
+    The one exception, unless `skips_dropped`: the native pipeline works out from the epoch's order
+    and every clip's lengths which clips its full batches will hold, and reads only those
+    (`Epochs._in_full_batches`), while the usual pipeline decodes every clip, computes its features
+    and lets the batching drop each bucket's remainder. `skips_dropped` gives the baseline that stage
     too, to show what the stage alone is worth.
     """
     try:
@@ -393,8 +393,8 @@ def baseline_epochs(config, utterances, vocabulary, skips_dropped: bool = False)
             return feature_row(example)
 
         if not skips_dropped:
-            def _in_full_batches(self, decoded):
-                return decoded  # the usual way: every decoded clip's features, those of the dropped remainders too
+            def _in_full_batches(self, order):
+                return order  # the usual way: every clip decoded and featurised, those of the dropped remainders too
 
         def _with_reference(self, example, key):
             path = self.references.reference_path(example["clip"], key)

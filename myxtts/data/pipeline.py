@@ -20,9 +20,10 @@ Order, every epoch (`Epochs`), so that a manifest sorted by speaker still gives 
   every clip's features are computed);
 * features cached in a file (too big for RAM, `feature_cache.py`): the same random order drawn once,
   then a shuffle within `data.shuffle_buffer_size` clips each epoch (the window lives in RAM);
-* no cache: the file list is permuted every epoch before decoding, and the clips that will not
-  fill a full batch of their bucket (each bucket's remainder, dropped every training epoch) are
-  known from their lengths once decoded, so their log-mel and reference are never computed;
+* no cache: the file list is permuted every epoch before decoding, less the clips that would not
+  fill a full batch of their bucket (each bucket's remainder, dropped every training epoch), known
+  from the order and every clip's lengths (one decoding pass before the first epoch): they are
+  not read at all;
 * features from a tf.data service (`data.service_address`, training only; `Epochs.served_examples`):
   the service's workers, on other machines, read and decode the clips and compute their features and
   references, each clip once per epoch, in the order drawn once; this host shuffles within
@@ -59,6 +60,8 @@ import math
 import os
 import random
 import socket
+
+import numpy as np
 import tensorflow as tf
 
 from myxtts.config import Config, DataConfig
@@ -154,6 +157,7 @@ class Epochs:
         self.cache = None
         self._cached_features = None
         self._crops = None  # references.CropTable, built on the first one_pass/stream when the plan keeps crops in RAM
+        self._clips = None  # ClipTable, from the first pass over the clips that needs it
         if cached:
             self.cache = plan_cache(c, utterances, texts, self.vocabulary.tokens, seed=self.seed, training=training,
                                     fallback_dir=fallback_cache_dir)
@@ -166,7 +170,7 @@ class Epochs:
         if self.service:
             # Epoch 0's references on every pass: the service serves one registered dataset. The order differs.
             return self._finish(self._served_batches(0, len(self.utterances)))
-        self._build_crop_table()
+        self._prepare_tables()
         if self.training:
             keys = tf.data.Dataset.random(seed=self.seed, rerandomize_each_iteration=True).take(1)
         else:
@@ -183,7 +187,7 @@ class Epochs:
             # Clips come in the order the workers finish them, so no run can be replayed exactly: a
             # resumed one starts after the clips its batches held (filtered and left-over clips aside).
             return self._finish(self._served_batches(start_batch * self.batch_size, tf.int64.max))
-        self._build_crop_table()
+        self._prepare_tables()
         first_epoch, skip = divmod(start_batch, self.batches_per_epoch()) if start_batch else (0, 0)
         epochs = tf.data.Dataset.range(first_epoch, tf.int64.max).map(self.epoch_key)
         return self._finish(epochs.flat_map(self.epoch).skip(skip))
@@ -194,35 +198,56 @@ class Epochs:
         return tf.random.stateless_uniform([], seed=seed, minval=0, maxval=tf.int64.max, dtype=tf.int64)
 
     def batches_per_epoch(self) -> int:
-        """Full batches in one epoch (each bucket's last partial batch is dropped). Counting decodes
-        every clip once (with a cache, that pass fills it)."""
-        c = self.data
-        buckets = len(c.bucket_mel_lengths) if c.bucketing else 1
-        per_bucket = self._lengths().map(
-            lambda mel_length, text_length: tf.one_hot(batch_key(mel_length, text_length, c), buckets, dtype=tf.int64),
-            num_parallel_calls=tf.data.AUTOTUNE,
-        ).reduce(tf.zeros([buckets], tf.int64), lambda total, one: total + one)
-        count = int(tf.reduce_sum(per_bucket // self.batch_size))
+        """Full batches in one epoch (each bucket's last partial batch is dropped). The first call
+        decodes every clip once (with a cache, that pass fills it)."""
+        keys = self._clip_table().keys
+        count = int(np.sum(np.bincount(keys[keys >= 0]) // self.batch_size))
         if count == 0:
             raise ValueError(f"the {len(self.utterances)} training clips do not fill one batch of {self.batch_size}")
         return count
 
     def clip_lengths(self) -> tuple[list[int], list[int]]:
-        """(mel frames, tokens) of every clip the length filter keeps, in cache order. Decodes every
-        clip once (with a cache, that pass fills it; afterwards it reads the cache)."""
-        frames, tokens = [], []
-        for mel_length, text_length in self._lengths().batch(4096):
-            frames += mel_length.numpy().tolist()
-            tokens += text_length.numpy().tolist()
-        return frames, tokens
+        """(mel frames, tokens) of every clip the length filter keeps, in clip order. The first call
+        decodes every clip once (with a cache, that pass fills it)."""
+        table = self._clip_table()
+        kept = table.keys >= 0
+        return table.frames[kept].tolist(), table.tokens[kept].tolist()
 
-    def _lengths(self) -> tf.data.Dataset:
-        """(mel frames, tokens) of every clip the length filter keeps: read from the cache when there
-        is one (the first pass fills it), else from the decoded clips, without computing features."""
-        if self._cached_features is not None:
-            return self._cached_features.map(lambda ex: (ex["mel_length"], ex["text_length"]))
-        return self._decoded(self._rows()).map(lambda ex: (mel_frames(ex["samples"], self.data), tf.shape(ex["tokens"])[0]),
-                                               num_parallel_calls=tf.data.AUTOTUNE)
+    def _clip_table(self) -> ClipTable:
+        """Every clip's lengths and batching group, from one pass over the clips (kept: they never change)."""
+        if self._clips is None:
+            c, n = self.data, len(self.utterances)
+            if self._cached_features is not None:  # read from the cache (the first pass fills it)
+                lengths = self._cached_features.map(lambda ex: (ex["clip"], ex["mel_length"], ex["text_length"]))
+            else:  # decoded only: the lengths need no features
+                lengths = self._decoded(self._rows()).map(
+                    lambda ex: (ex["clip"], mel_frames(ex["samples"], c), tf.shape(ex["tokens"])[0]),
+                    num_parallel_calls=self._parallel_calls, deterministic=False)
+            table = ClipTable(np.full(n, -1, np.int64), np.full(n, -1, np.int64), np.full(n, -1, np.int64))
+            with_keys = lengths.map(lambda clip, f, t: (clip, f, t, batch_key(f, t, c))).batch(4096)
+            for clip, frames, tokens, key in with_keys.as_numpy_iterator():
+                table.frames[clip], table.tokens[clip], table.keys[clip] = frames, tokens, key
+            self._clips = table
+        return self._clips
+
+    def _in_full_batches(self, order: tf.Tensor) -> tf.Tensor:
+        """The clips of `order` [N] that will reach a full batch, in the same order.
+
+        Each bucket's last partial batch is dropped every training epoch, and on a small corpus that
+        is many clips (43 of 123 in BENCHMARKS.md). A clip's bucket depends only on its lengths, known
+        from one pass (`_clip_table`), and the batches are made in this order, so the dropped clips
+        are each bucket's last `count % batch_size` here: they are left out before they are read,
+        decoded or featurised. (A clip the length filter drops has key -1 and goes too.) The batches
+        are the same as without this: the batching would have dropped exactly these.
+        """
+        c, size = self.data, self.batch_size
+        groups = len(c.bucket_mel_lengths) if c.bucketing else 1
+        keys = tf.gather(tf.constant(self._clip_table().keys), order)
+        member = tf.one_hot(keys, groups, dtype=tf.int32)  # [N, groups]; all zero for key -1
+        rank = tf.reduce_sum((tf.cumsum(member, axis=0) - member) * member, axis=1)  # place among its group's clips
+        full = tf.reduce_sum(member, axis=0) // size * size  # clips of each group in full batches
+        kept = (keys >= 0) & (rank < tf.gather(full, tf.maximum(keys, 0)))
+        return tf.boolean_mask(order, kept)
 
     def epoch(self, key) -> tf.data.Dataset:
         """The batches of the epoch whose int64 key is `key` (a scalar tensor)."""
@@ -234,33 +259,15 @@ class Epochs:
                 window = everything if self.cache.in_ram or not c.shuffle_buffer_size else c.shuffle_buffer_size
                 ds = shuffle_with_key(ds, window, key)
         else:
-            order = tf.random.experimental.stateless_shuffle(tf.range(len(self.utterances), dtype=tf.int64),
-                                                             seed=tf.stack([key, tf.constant(self.seed, tf.int64)]))
-            ds = self._decoded(self._rows(order if self.training else None))
+            order = None
             if self.training:
-                ds = self._in_full_batches(ds)
-            ds = ds.map(self._clip_features, num_parallel_calls=self._parallel_calls, deterministic=self.ordered)
+                order = tf.random.experimental.stateless_shuffle(tf.range(len(self.utterances), dtype=tf.int64),
+                                                                 seed=tf.stack([key, tf.constant(self.seed, tf.int64)]))
+                order = self._in_full_batches(order)
+            ds = self._features(self._rows(order))
         ds = ds.map(lambda ex: self._with_reference(ex, key), num_parallel_calls=self._parallel_calls,
                     deterministic=self.ordered)
         return batch_by_bucket(ds, c, self.batch_size, drop_remainder=self.training)
-
-    def _in_full_batches(self, decoded: tf.data.Dataset) -> tf.data.Dataset:
-        """The decoded clips that will reach a full batch, grouped as `batch_by_bucket` will batch them.
-
-        Each bucket's last partial batch of an epoch is dropped, and on a small corpus that is many
-        clips (43 of 123 decoded in BENCHMARKS.md). Deciding this from the clips' lengths, before their
-        log-mel and reference are computed, spares those clips the two costly stages: the length
-        alone sets a clip's bucket. The groups come out whole and in the order `batch_by_bucket`
-        would make them, so the batches are the same as without this stage.
-        """
-        c, size = self.data, self.batch_size
-
-        def key(example):
-            return batch_key(mel_frames(example["samples"], c), tf.shape(example["tokens"])[0], c)
-
-        # A ragged batch holds clips of any length without padding them; unbatched, they are plain tensors again.
-        return decoded.group_by_window(key_func=key, window_size=size,
-                                       reduce_func=lambda _, group: group.ragged_batch(size, drop_remainder=True).unbatch())
 
     @property
     def _parallel_calls(self):
@@ -331,6 +338,12 @@ class Epochs:
     def _clip_features(self, example) -> dict:
         return _features(example, self.data)
 
+    def _prepare_tables(self) -> None:
+        """What the epochs' graphs read as constants, computed in Python before they are traced."""
+        if self.training and self._cached_features is None:
+            self._clip_table()  # for `_in_full_batches`
+        self._build_crop_table()
+
     def _build_crop_table(self) -> None:
         if self._crops is None and self.cache is not None and self.cache.crops_in_ram:
             c = self.data
@@ -353,6 +366,14 @@ class Epochs:
         c = self.data
         ds = ds.with_options(dataset_options(c, self.training, ordered=self.ordered))
         return ds.prefetch(c.prefetch_buffer_size or tf.data.AUTOTUNE)
+
+
+@dataclasses.dataclass
+class ClipTable:
+    """Per clip, by index: mel frames, tokens and batching group (`batch_key`); -1 where the length filter drops it."""
+    frames: np.ndarray
+    tokens: np.ndarray
+    keys: np.ndarray
 
 
 def check_dispatcher(address: str, timeout_s: float = 10.0) -> None:

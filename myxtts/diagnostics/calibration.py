@@ -11,9 +11,11 @@ On a sample of the corpus (`SAMPLE_CLIPS` clips drawn with the config's seed), e
 endless stream training reads (`Epochs.stream`): one untimed epoch (file cache, graph tracing, the
 cache fill), then at least `MIN_EPOCHS` whole epochs and `SECONDS_PER_ROUTE`, with `data.num_workers` =
 every usable core. (Not `one_pass` epoch after epoch: a new iterator per epoch cost about twice the
-epoch's own CPU time on a 128-clip sample, which training, reading one stream, never pays.) The rate counts the audio of every clip the length filter keeps, once per epoch: that
-is the work an epoch does (the clips a bucket's last partial batch drops were still decoded; on a
-sample they are many, on a whole corpus few). Per core = audio-seconds per CPU-second the
+epoch's own CPU time on a 128-clip sample, which training, reading one stream, never pays.) The rate counts the audio an epoch delivers in full batches: the clips that
+reach a batch are the ones whose features an epoch computes (each bucket's last partial batch is
+known from the lengths and skipped, `Epochs._in_full_batches`; those clips were only decoded, a
+cost the rate charges to the delivered ones). On a sample the dropped clips are many, so the rate
+errs low; on a whole corpus they are few. Per core = audio-seconds per CPU-second the
 process used, i.e. the wall-clock rate divided by the cores actually kept busy: on a shared machine
 the wall-clock rate sinks with the others' load, the CPU cost of the work much less.
 
@@ -129,7 +131,7 @@ def calibrate(config: Config, rows: list[Utterance], vocabulary: Vocabulary, *, 
             lengths = epochs.clip_lengths()
             audio = _audio_seconds(lengths[0], config.data)
             batches = epochs.batches_per_epoch()  # reads the filled cache
-        routes[route] = _time_route(route, epochs, audio, batches, parallel, seconds, progress)
+        routes[route] = _time_route(route, epochs, batches, parallel, seconds, progress)
     frames, tokens = lengths
     padded = sum(padded_shape(f, n, config)[0] for f, n in zip(frames, tokens))
     loops = sum(alignment_loop_iterations(padded_shape(f, n, config)[0]) for f, n in zip(frames, tokens))
@@ -155,24 +157,27 @@ def calibrate(config: Config, rows: list[Utterance], vocabulary: Vocabulary, *, 
     return record
 
 
-def _time_route(route: str, epochs: Epochs, audio: float, batches_per_epoch: int, parallel: int, seconds: float,
+def _time_route(route: str, epochs: Epochs, batches_per_epoch: int, parallel: int, seconds: float,
                 progress) -> RouteRate:
     """Whole epochs of the endless stream training reads (`Epochs.stream`), after one untimed epoch."""
     iterator = iter(epochs.stream())
 
-    def one_epoch():
+    c = epochs.data
+
+    def one_epoch() -> float:
+        """The audio-seconds of one epoch's full batches."""
         # An epoch yields the same number of full batches every time (the buckets keep their clips), so
         # this many batches are one epoch's work, give or take what prefetching runs ahead.
-        for _ in range(batches_per_epoch):
-            next(iterator)
+        frames = [next(iterator)["mel_length"].numpy() for _ in range(batches_per_epoch)]
+        return _audio_seconds(np.concatenate(frames).tolist(), c)
 
     one_epoch()  # untimed: file cache, tracing, thread start-up, the reference crops
-    count, wall, cpu = 0, time.perf_counter(), time.process_time()
+    count, audio, wall, cpu = 0, 0.0, time.perf_counter(), time.process_time()
     while count < MIN_EPOCHS or time.perf_counter() - wall < seconds:
-        one_epoch()
+        audio += one_epoch()
         count += 1
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
-    rate = RouteRate(route=route, audio_s_per_cpu_s=count * audio / cpu, audio_s_per_s=count * audio / wall,
+    rate = RouteRate(route=route, audio_s_per_cpu_s=audio / cpu, audio_s_per_s=audio / wall,
                      cores_busy=cpu / wall, parallel_calls=parallel, epochs=count, seconds=wall)
     progress(f"  {ROUTE_LABELS[route]}: {rate.audio_s_per_s:,.0f} audio-s/s with {parallel} parallel calls, "
              f"{rate.cores_busy:.1f} cores busy: {rate.audio_s_per_cpu_s:,.0f} audio-s per CPU-second")

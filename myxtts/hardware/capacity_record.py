@@ -37,7 +37,8 @@ ROUTE_LABELS = {
     "mel_on_device": "mel_on_device",
 }
 # Bumped when a field changes meaning, so an old file is measured again rather than misread.
-RECORD_VERSION = 1
+# 2: route rates count the audio delivered in full batches, not every clip the length filter keeps.
+RECORD_VERSION = 2
 
 
 @dataclass(frozen=True)
