@@ -76,6 +76,8 @@ from myxtts.hardware.host import usable_cores, usable_ram_bytes
 # Used when `data.batch_size` / `data.num_workers` are 0 ("automatic") and no hardware plan has
 # resolved them yet (the trainer writes the plan's values into the config before building datasets).
 DEFAULT_BATCH_SIZE = 16
+# Clips from which the one decoding pass for their lengths (about 1 ms of CPU a clip) is announced.
+LONG_LENGTH_PASS = 5000
 
 
 def build_dataset(
@@ -158,6 +160,7 @@ class Epochs:
         self._cached_features = None
         self._crops = None  # references.CropTable, built on the first one_pass/stream when the plan keeps crops in RAM
         self._clips = None  # ClipTable, from the first pass over the clips that needs it
+        self._echo = echo
         if cached:
             self.cache = plan_cache(c, utterances, texts, self.vocabulary.tokens, seed=self.seed, training=training,
                                     fallback_dir=fallback_cache_dir)
@@ -220,6 +223,9 @@ class Epochs:
             if self._cached_features is not None:  # read from the cache (the first pass fills it)
                 lengths = self._cached_features.map(lambda ex: (ex["clip"], ex["mel_length"], ex["text_length"]))
             else:  # decoded only: the lengths need no features
+                if self._echo is not None and n >= LONG_LENGTH_PASS:
+                    self._echo(f"reading the lengths of {n} clips once, to leave out of every epoch the clips "
+                               "its buckets would drop")
                 lengths = self._decoded(self._rows()).map(
                     lambda ex: (ex["clip"], mel_frames(ex["samples"], c), tf.shape(ex["tokens"])[0]),
                     num_parallel_calls=self._parallel_calls, deterministic=False)
