@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 import warnings
 from pathlib import Path
@@ -93,6 +94,16 @@ def choose_gpus(flag: str | None) -> None:
         os.environ["CUDA_VISIBLE_DEVICES"] = cuda_visible_devices_value(facts, selection.indices)
 
 
+def data_problem(error) -> str | None:
+    """The message of one of the input pipeline's own checks (a file that is not a WAV, an unsupported
+    sample rate; `tf.debugging.Assert` in myxtts/data/audio.py, which names the file), without
+    TensorFlow's framing; None for any other error."""
+    match = re.search(r"assertion failed: (.*)", error.message)
+    if match is None:
+        return None
+    return " ".join(re.findall(r"\[([^\]]*)\]", match.group(1)))
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     # TensorFlow's C++ start-up chatter (CUDA probing, oneDNN notes) buries our own lines; errors still show.
@@ -123,11 +134,19 @@ def main(argv=None) -> int:
     from myxtts.training.checkpoints import CheckpointError
     from myxtts.training.trainer import OutOfMemory, train
 
+    import tensorflow as tf
+
     resume = "require" if args.resume else "reset" if args.reset_training else "auto"
     try:
         result = train(config, workdir, resume=resume, epochs=args.epochs)
     except (ConfigError, CheckpointError, OutOfMemory, FileNotFoundError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
+        return 2
+    except tf.errors.InvalidArgumentError as error:
+        problem = data_problem(error)
+        if problem is None:  # not one of the pipeline's own checks: a bug, shown whole
+            raise
+        print(f"error: {problem}", file=sys.stderr)
         return 2
     stopped = f"stopped by {result.interrupted_by}" if result.interrupted_by else "finished"
     print(f"{stopped} at step {result.step}; run folder: {workdir}", file=sys.stderr)

@@ -130,6 +130,19 @@ def test_peak_normalize():
     np.testing.assert_array_equal(audio.peak_normalize(x, 0.0), x)
 
 
+def test_a_file_that_is_not_a_wav_fails_naming_the_file(tmp_path):
+    # TensorFlow's own decode_wav error says "Header mismatch" and names no file: in a corpus of
+    # thousands, the user could not tell which one to fix.
+    for name, contents in [("garbage.wav", b"RIFF but not a wave file at all" * 4), ("empty.wav", b""),
+                           ("short.wav", b"RIF")]:
+        path = tmp_path / name
+        path.write_bytes(contents)
+        with pytest.raises(tf.errors.InvalidArgumentError, match=f"not a WAV file.*{name}"):
+            tf.function(audio.load_wav)(tf.constant(str(path)))
+        with pytest.raises(tf.errors.InvalidArgumentError, match=f"not a WAV file.*{name}"):
+            tf.function(lambda p: audio.load_wav(p, middle_seconds=3.0))(tf.constant(str(path)))
+
+
 def test_trim_silence_cuts_where_librosa_does(demo_corpus):
     import librosa
 

@@ -30,11 +30,13 @@ def load_wav(path, middle_seconds: float | None = None) -> tuple[tf.Tensor, tf.T
     decoded with `decode_raw` on the data bytes: about ten times cheaper than `tf.audio.decode_wav`
     and bit-identical (measured on the demo corpus). Any other layout goes through `decode_wav`.
     """
-    return decode_wav_bytes(tf.io.read_file(path), middle_seconds)
+    return decode_wav_bytes(tf.io.read_file(path), middle_seconds, source=path)
 
 
-def decode_wav_bytes(contents, middle_seconds: float | None = None) -> tuple[tf.Tensor, tf.Tensor]:
-    """`load_wav` of a WAV file's bytes (a scalar string): what an exported model takes from a client."""
+def decode_wav_bytes(contents, middle_seconds: float | None = None, *,
+                     source: tf.Tensor | str = "") -> tuple[tf.Tensor, tf.Tensor]:
+    """`load_wav` of a WAV file's bytes (a scalar string): what an exported model takes from a client.
+    Bytes that are not a WAV file fail naming `source`."""
 
     def raw_pcm16():
         channels = _header_int(contents, 22, 2)
@@ -47,7 +49,14 @@ def decode_wav_bytes(contents, middle_seconds: float | None = None) -> tuple[tf.
         return tf.reduce_mean(samples, axis=-1), rate
 
     def any_wav():
-        audio, rate = tf.audio.decode_wav(contents)  # [frames, channels]
+        # decode_wav's own error ("Header mismatch") names no file, and in a dataset of thousands
+        # the user needs to know which one. Checked only here, off the canonical files' fast path.
+        header = tf.strings.join([tf.strings.substr(contents, 0, 12), b"\0" * 12])  # 12 bytes at least
+        is_wav = tf.equal(tf.strings.substr(header, 0, 4), b"RIFF") & tf.equal(tf.strings.substr(header, 8, 4), b"WAVE")
+        check = tf.debugging.Assert(is_wav, ["not a WAV file (no RIFF/WAVE header):", source,
+                                             "- check or convert the corpus with utilities/prepare_dataset.py"])
+        with tf.control_dependencies([check]):
+            audio, rate = tf.audio.decode_wav(contents)  # [frames, channels]
         start, count = _middle(tf.shape(audio)[0], rate, middle_seconds)
         return tf.reduce_mean(audio[start : start + count], axis=-1), rate
 

@@ -465,7 +465,7 @@ def reference_log_mel(path, c: DataConfig):
 
 def reference_log_mel_of_bytes(contents, c: DataConfig, source: tf.Tensor | str = ""):
     """`reference_log_mel` of a WAV file's bytes; `source` names it in errors."""
-    samples, rate = audio.decode_wav_bytes(contents, middle_seconds=c.reference_duration_s)
+    samples, rate = audio.decode_wav_bytes(contents, middle_seconds=c.reference_duration_s, source=source)
     samples = audio.resample_to(samples, rate, c.sample_rate, source=source)[: c.reference_samples]
     mel = audio.log_mel(audio.peak_normalize(samples, c.peak_normalize), c)  # [frames <= reference_frames, n_mels]
     frames = tf.shape(mel)[0]
