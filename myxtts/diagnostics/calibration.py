@@ -11,11 +11,9 @@ On a sample of the corpus (`SAMPLE_CLIPS` clips drawn with the config's seed), e
 endless stream training reads (`Epochs.stream`): one untimed epoch (file cache, graph tracing, the
 cache fill), then at least `MIN_EPOCHS` whole epochs and `SECONDS_PER_ROUTE`, with `data.num_workers` =
 every usable core. (Not `one_pass` epoch after epoch: a new iterator per epoch cost about twice the
-epoch's own CPU time on a 128-clip sample, which training, reading one stream, never pays.) The rate counts the audio an epoch delivers in full batches: the clips that
-reach a batch are the ones whose features an epoch computes (each bucket's last partial batch is
-known from the lengths and skipped, `Epochs._in_full_batches`; those clips were only decoded, a
-cost the rate charges to the delivered ones). On a sample the dropped clips are many, so the rate
-errs low; on a whole corpus they are few. Per core = audio-seconds per CPU-second the
+epoch's own CPU time on a 128-clip sample, which training, reading one stream, never pays.) The rate counts the audio an epoch delivers in full batches: those are the
+only clips an epoch reads (each bucket's last partial batch is known from the clips' lengths and
+left unread, `Epochs._in_full_batches`). Per core = audio-seconds per CPU-second the
 process used, i.e. the wall-clock rate divided by the cores actually kept busy: on a shared machine
 the wall-clock rate sinks with the others' load, the CPU cost of the work much less.
 
@@ -130,7 +128,7 @@ def calibrate(config: Config, rows: list[Utterance], vocabulary: Vocabulary, *, 
             progress(f"calibrating the host on {len(sample)} clips of {corpus}: filling the feature cache")
             lengths = epochs.clip_lengths()
             audio = _audio_seconds(lengths[0], config.data)
-            batches = epochs.batches_per_epoch()  # reads the filled cache
+            batches = epochs.batches_per_epoch()  # from the lengths the pass above recorded
         routes[route] = _time_route(route, epochs, batches, parallel, seconds, progress)
     frames, tokens = lengths
     padded = sum(padded_shape(f, n, config)[0] for f, n in zip(frames, tokens))
