@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import sys
 import warnings
 from pathlib import Path
@@ -94,16 +93,6 @@ def choose_gpus(flag: str | None) -> None:
         os.environ["CUDA_VISIBLE_DEVICES"] = cuda_visible_devices_value(facts, selection.indices)
 
 
-def data_problem(error) -> str | None:
-    """The message of one of the input pipeline's own checks (a file that is not a WAV, an unsupported
-    sample rate; `tf.debugging.Assert` in myxtts/data/audio.py, which names the file), without
-    TensorFlow's framing; None for any other error."""
-    match = re.search(r"assertion failed: (.*)", error.message)
-    if match is None:
-        return None
-    return " ".join(re.findall(r"\[([^\]]*)\]", match.group(1)))
-
-
 def main(argv=None) -> int:
     args = parse_args(argv)
     # TensorFlow's C++ start-up chatter (CUDA probing, oneDNN notes) buries our own lines; errors still show.
@@ -135,6 +124,8 @@ def main(argv=None) -> int:
     from myxtts.training.trainer import OutOfMemory, train
 
     import tensorflow as tf
+
+    from myxtts.data.audio import data_problem
 
     resume = "require" if args.resume else "reset" if args.reset_training else "auto"
     try:

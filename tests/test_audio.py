@@ -143,6 +143,21 @@ def test_a_file_that_is_not_a_wav_fails_naming_the_file(tmp_path):
             tf.function(lambda p: audio.load_wav(p, middle_seconds=3.0))(tf.constant(str(path)))
 
 
+def test_data_problem_is_a_checks_message_alone_and_none_for_other_errors(tmp_path):
+    # The pipeline's own checks fail inside TensorFlow; train_main prints their message alone
+    # (exit 2, through audio.data_problem), not a traceback. Other TensorFlow errors stay whole:
+    # they are bugs to read in full.
+    bad = tmp_path / "clip_0007.wav"
+    bad.write_bytes(b"not audio at all" * 8)
+    with pytest.raises(tf.errors.InvalidArgumentError) as caught:
+        tf.function(audio.load_wav)(tf.constant(str(bad)))
+    assert audio.data_problem(caught.value) == (
+        f"not a WAV file (no RIFF/WAVE header): {bad} - check or convert the corpus with utilities/prepare_dataset.py")
+    with pytest.raises(tf.errors.InvalidArgumentError) as other:
+        tf.reshape(tf.range(3), [2])
+    assert audio.data_problem(other.value) is None
+
+
 def test_trim_silence_cuts_where_librosa_does(demo_corpus):
     import librosa
 

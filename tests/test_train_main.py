@@ -50,21 +50,3 @@ def test_bad_input_exits_2_with_a_message(argv, message, tmp_path):
     assert message in done.stderr and "Traceback" not in done.stderr
     # A mistyped path fails before the hardware plan's probes (the CPU precision probe takes a minute).
     assert "precision: timing" not in done.stdout + done.stderr
-
-
-def test_a_corrupt_wav_is_reported_as_one_line_naming_the_file(tmp_path):
-    # The pipeline's own checks fail inside TensorFlow; train_main prints their message alone
-    # (exit 2), not a traceback. Other TensorFlow errors stay whole: they are bugs to read in full.
-    import tensorflow as tf
-
-    from myxtts.data import audio
-
-    bad = tmp_path / "clip_0007.wav"
-    bad.write_bytes(b"not audio at all" * 8)
-    with pytest.raises(tf.errors.InvalidArgumentError) as caught:
-        tf.function(audio.load_wav)(tf.constant(str(bad)))
-    assert train_main.data_problem(caught.value) == (
-        f"not a WAV file (no RIFF/WAVE header): {bad} - check or convert the corpus with utilities/prepare_dataset.py")
-    with pytest.raises(tf.errors.InvalidArgumentError) as other:
-        tf.reshape(tf.range(3), [2])
-    assert train_main.data_problem(other.value) is None

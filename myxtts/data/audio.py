@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import math
+import re
 
 import numpy as np
 import tensorflow as tf
@@ -61,6 +62,16 @@ def decode_wav_bytes(contents, middle_seconds: float | None = None, *,
         return tf.reduce_mean(audio[start : start + count], axis=-1), rate
 
     return tf.cond(_is_canonical_pcm16(contents), raw_pcm16, any_wav)
+
+
+def data_problem(error: tf.errors.OpError) -> str | None:
+    """The message of one of this module's checks on an input file (not a WAV, an unsupported sample
+    rate: the `tf.debugging.Assert`s here, which name the file), without TensorFlow's framing; None
+    for any other error."""
+    match = re.search(r"assertion failed: (.*)", error.message)
+    if match is None:
+        return None
+    return " ".join(re.findall(r"\[([^\]]*)\]", match.group(1)))
 
 
 def _header_int(contents, offset: int, size: int) -> tf.Tensor:

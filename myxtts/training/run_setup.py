@@ -28,6 +28,7 @@ import tensorflow as tf
 
 from myxtts import config as config_lib
 from myxtts.config import Config
+from myxtts.data.audio import data_problem
 from myxtts.data.manifest import Utterance, locate_manifest, read_manifest, split_train_val
 from myxtts.data.phonemes import check_language
 from myxtts.data.text import Vocabulary
@@ -121,7 +122,8 @@ def apply_input_route(config: Config, facts: MachineFacts, echo=console_echo, ca
         try:
             record = calibrate(config, echo)
         except (ValueError, tf.errors.OpError) as error:  # e.g. a sample that fills no batch: training says more
-            echo(f"input route: the host calibration failed ({(str(error).splitlines() or [''])[0][:200]}); "
+            problem = data_problem(error) if isinstance(error, tf.errors.OpError) else None
+            echo(f"input route: the host calibration failed ({problem or (str(error).splitlines() or [''])[0][:200]}); "
                  "data.cache_features and data.mel_on_device stay as set")
             return config
         capacity = capacity_plans(config, record, [device], facts, gpus=gpus)[0]
