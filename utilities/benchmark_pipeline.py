@@ -80,9 +80,9 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
                         help="parallel calls in flight per core (data.num_workers = this x cores) for both on-the-fly "
                              "columns; the hardware plan uses 2 (default: %(default)s)")
     parser.add_argument("--baseline-skips-dropped", action="store_true",
-                        help="give the baseline the native pipeline's stage that computes no features for the "
-                             "clips each bucket drops at the end of an epoch (by default the baseline is the usual "
-                             "pipeline, which computes them)")
+                        help="give the baseline the native pipeline's skip of the clips each bucket drops at the "
+                             "end of an epoch, which are then never read (by default the baseline is the usual "
+                             "pipeline, which decodes them and computes their features)")
     # The parent re-invokes this script with a JSON job description; not for people.
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     arguments = parser.parse_args(argv)
