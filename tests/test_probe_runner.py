@@ -105,7 +105,7 @@ def test_the_child_prints_one_json_line_and_reports_crashes(tmp_path):
     fits = _child(["--batch-size", "4"], FAKE_MACHINE)
     assert fits.returncode == 0, fits.stderr
     assert json.loads(fits.stdout) == {"batch_size": 4, "oom": False, "peak_bytes": 6 * GIB,
-                                       "samples_per_s": pytest.approx(4 / 0.09)}
+                                       "samples_per_s": pytest.approx(4 / 0.09), "first_step_s": pytest.approx(0.09)}
     too_big = json.loads(_child(["--batch-size", "30"], FAKE_MACHINE).stdout)
     assert too_big["oom"] is True and "30" in too_big["error"]
 
@@ -126,6 +126,8 @@ def test_the_real_child_runs_train_steps_of_the_model(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["oom"] is False and result["batch_size"] == 2 and result["samples_per_s"] > 0
+    # The first step traces the step, so it takes longer than one of the measured steps after it.
+    assert result["first_step_s"] > 2 / result["samples_per_s"]
     # The peak holds at least what exists before the first step: the weights and AdamW's two moments
     # (float32, so 3 x 4 bytes per parameter) and the batch's two spectrograms. A peak read from
     # another device, or before anything was built, is far below that; activations add more on top.

@@ -2,7 +2,8 @@
 
     python -m myxtts.training.batch_probe --config run.yaml --batch-size N [--precision P]
         [--accumulation A] [--vocab-size V] [--xla] [--device GPU:0]
-    -> one JSON line {"batch_size", "oom": false, "peak_bytes", "samples_per_s"} or {"batch_size", "oom": true, "error"}
+    -> one JSON line {"batch_size", "oom": false, "peak_bytes", "samples_per_s", "first_step_s"}
+       or {"batch_size", "oom": true, "error"}
 
 `myxtts.hardware.probe_runner` starts one such process per batch size (the trainer names this module
 to it) and fits and chooses from the lines. The child builds the real network and optimizer at the
@@ -58,8 +59,9 @@ def synthetic_batch(config: Config, batch_size: int, vocab_size: int = DEFAULT_V
 
 def measure(config: Config, batch_size: int, *, precision: str = "float32", xla: bool = False,
             accumulation: int = 1, vocab_size: int = DEFAULT_VOCAB_SIZE, device: str = "GPU:0",
-            steps: int = MEASURED_STEPS) -> tuple[int, float]:
-    """(peak bytes on `device`, samples/s) of full train steps at `batch_size` and the longest bucket.
+            steps: int = MEASURED_STEPS) -> tuple[int, float, float]:
+    """(peak bytes on `device`, samples/s, seconds of the first step) of full train steps at
+    `batch_size` and the longest bucket. The first step includes tracing and, with `xla`, compiling.
 
     Raises TensorFlow's ResourceExhaustedError (or whatever TensorFlow raises) when it does not fit;
     the CLI below turns an out-of-memory into {"oom": true}.
@@ -85,22 +87,24 @@ def measure(config: Config, batch_size: int, *, precision: str = "float32", xla:
     data = tf.data.Dataset.from_tensors(batch).repeat()
 
     tf.config.experimental.reset_memory_stats(device)
+    started = time.perf_counter()
     model.fit(data, epochs=1, steps_per_epoch=1, verbose=0)  # builds, traces and compiles
+    first_step_s = time.perf_counter() - started
     started = time.perf_counter()
     model.fit(data, epochs=1, steps_per_epoch=steps, verbose=0)
     elapsed = time.perf_counter() - started
     peak = int(tf.config.experimental.get_memory_info(device)["peak"])
-    return peak, steps * batch_size / elapsed
+    return peak, steps * batch_size / elapsed, first_step_s
 
 
-def fake_measure(spec: Mapping[str, float], batch_size: int) -> tuple[int, float]:
+def fake_measure(spec: Mapping[str, float], batch_size: int) -> tuple[int, float, float]:
     """A synthetic machine: peak = intercept + per-sample bytes x batch, OOM above `oom_above`, and a
     step time of overhead + per-sample time x batch (so throughput saturates, as on a GPU)."""
     if batch_size > spec["oom_above"]:
         raise ProbeOutOfMemory(f"fake: batch {batch_size} > {spec['oom_above']}")
     peak = int(spec["intercept_bytes"] + spec["bytes_per_sample"] * batch_size)
     step_s = spec["step_overhead_s"] + spec["seconds_per_sample"] * batch_size
-    return peak, batch_size / step_s
+    return peak, batch_size / step_s, step_s
 
 
 def run_one(args: argparse.Namespace) -> dict:
@@ -108,16 +112,17 @@ def run_one(args: argparse.Namespace) -> dict:
     fake = os.environ.get(FAKE_ENV)
     try:
         if fake:
-            peak, throughput = fake_measure(json.loads(fake), args.batch_size)
+            peak, throughput, first_step_s = fake_measure(json.loads(fake), args.batch_size)
         else:
             config = config_lib.load_config(args.config, overrides=args.set)
-            peak, throughput = measure(config, args.batch_size, precision=args.precision, xla=args.xla,
+            peak, throughput, first_step_s = measure(config, args.batch_size, precision=args.precision, xla=args.xla,
                                        accumulation=args.accumulation, vocab_size=args.vocab_size, device=args.device)
     except Exception as error:  # noqa: BLE001 - only out-of-memory becomes a result; the rest re-raises
         if not is_out_of_memory(error):
             raise
         return {"batch_size": args.batch_size, "oom": True, "error": str(error).splitlines()[0][:300]}
-    return {"batch_size": args.batch_size, "oom": False, "peak_bytes": peak, "samples_per_s": throughput}
+    return {"batch_size": args.batch_size, "oom": False, "peak_bytes": peak, "samples_per_s": throughput,
+            "first_step_s": round(first_step_s, 3)}
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
