@@ -11,6 +11,7 @@ import pytest
 
 from myxtts.hardware.detect import GpuFacts, MachineFacts
 from myxtts.hardware.plan import (
+    XLA_PAYBACK_STEPS_PER_SHAPE,
     RequestedSettings,
     base_batch_for_memory,
     kernel_support,
@@ -135,6 +136,27 @@ def test_config_batch_above_memory_prior_is_flagged():
     assert any("above the prior" in r for r in plan.recommendations)
     quiet = plan_for_machine(load("rtx_2080"), "base", RequestedSettings(batch_size=2))
     assert not any("above the prior" in r for r in quiet.recommendations)
+
+
+def test_xla_on_a_gpu_only_when_the_run_pays_back_its_compiles():
+    # Measured on an H100: ~130 s of compiling per shape against ~60 ms saved per step. The demo
+    # (1,400 updates, 12 shapes) ran in graph mode in 406 s; with XLA it had done 2 steps after 428 s.
+    demo = plan_for_machine(load("h100_80gb"), "small", RequestedSettings(
+        batch_size=16, effective_batch_size=16, planned_updates=1400, compiled_shapes=12))
+    assert demo.xla is False and "too few" in demo.sources["xla"] and "1,400 steps" in demo.sources["xla"]
+    # Accumulation multiplies the steps: 8,000 updates x 4 micro-batches pay back 12 shapes.
+    long = plan_for_machine(load("h100_80gb"), "base", RequestedSettings(
+        batch_size=8, effective_batch_size=32, planned_updates=8000, compiled_shapes=12))
+    assert long.gradient_accumulation_steps == 4 and long.xla is True and "pay back" in long.sources["xla"]
+    # The threshold scales with the shapes: the same run without bucketing (50 shapes) stays in graph mode.
+    unbucketed = plan_for_machine(load("h100_80gb"), "base", RequestedSettings(
+        batch_size=8, effective_batch_size=32, planned_updates=8000, compiled_shapes=50))
+    assert unbucketed.xla is False
+    assert XLA_PAYBACK_STEPS_PER_SHAPE * 12 > 1400 * 1
+    # A CPU never takes it, however long the run; an explicit value always wins.
+    assert plan_for_machine(load("cpu_only"), "small", RequestedSettings(planned_updates=10**7)).xla is False
+    forced = plan_for_machine(load("h100_80gb"), "small", RequestedSettings(xla=True, planned_updates=10))
+    assert forced.xla is True and forced.sources["xla"] == "config"
 
 
 def test_explicit_precision_tf32_xla_and_workers_win():

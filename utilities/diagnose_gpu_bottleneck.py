@@ -174,7 +174,8 @@ def run(config, arguments: argparse.Namespace, overrides: list[str]) -> dict:
         scan_dataset = build_dataset(scan_config, prepared.rows, training=True, vocabulary=prepared.vocabulary)
     _progress("static checks: dataset graph, settings, cores, read throughput")
     static = static_checks(config, scan_dataset, policy=prepared.policy, usable_cores=facts.usable_cpu_cores,
-                           gpu_available=gpu_available, audio_paths=[u.audio_path for u in prepared.rows])
+                           gpu_available=gpu_available, audio_paths=[u.audio_path for u in prepared.rows],
+                           planned_workers=input_plan.num_parallel_calls)
 
     machine = {
         "usable_cpu_cores": facts.usable_cpu_cores,

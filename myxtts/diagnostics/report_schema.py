@@ -7,9 +7,10 @@ shares are fractions in [0, 1]; utilization is percent; `null` means "not measur
 
 Fields:
 
-- `schema_version`: 4 for this layout (2: `gpu.tensorflow_peak_bytes` added; the memory verdict
+- `schema_version`: 5 for this layout (2: `gpu.tensorflow_peak_bytes` added; the memory verdict
   uses it instead of `gpu.memory_used_bytes`; 3: `gpu.simulated` added; 4: `measurements.alignment_loops`,
-  `measurements.step_alone.xla`, `machine.input_plan` and the loop-bound verdict added); raised when
+  `measurements.step_alone.xla`, `machine.input_plan` and the loop-bound verdict added; 5:
+  `static.cpu.oversubscribed`, false for the hardware plan's own count); raised when
   a field changes meaning.
 - `created_utc`: when the report was made, ISO 8601 in UTC.
 - `config.path`: the YAML given with --config, or null. `config.overrides`: the `key=value`
@@ -84,7 +85,7 @@ from __future__ import annotations
 
 from typing import Any, Iterator
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 _NUMBER = {"type": "number"}
 _OPTIONAL_NUMBER = {"type": ["number", "null"]}
@@ -154,7 +155,7 @@ REPORT_SCHEMA: dict = _object({
         "graph": _object({name: {"type": "boolean"} for name in
                           ("cache", "prefetch", "prefetch_to_device", "bucketing", "parallel_map")}, nullable=True),
         "cpu": _object({"usable_cores": {"type": "integer", "minimum": 1}, "num_workers": _COUNT,
-                        "note": {"type": "string"}}),
+                        "note": {"type": "string"}, "oversubscribed": {"type": "boolean"}}),
         "read_throughput": _object({
             "data_dir": {"type": "string"},
             "files": _COUNT,

@@ -130,10 +130,17 @@ def pipeline_settings(config: Config, policy: str, gpu_available: bool) -> dict:
     }
 
 
-def cpu_check(num_workers: int, usable_cores: int) -> dict:
-    """Usable cores against `data.num_workers` (0 = tf.data autotune, bounded by the cores)."""
+def cpu_check(num_workers: int, usable_cores: int, planned_workers: int | None = None) -> dict:
+    """Usable cores against `data.num_workers` (0 = tf.data autotune, bounded by the cores).
+
+    `planned_workers`: the hardware plan's count for this machine. It puts two calls in flight per
+    input core on purpose (measured faster than one), so that count above the cores is no finding."""
+    oversubscribed = num_workers > usable_cores and num_workers != planned_workers
     if num_workers == 0:
         note = f"data.num_workers: 0, tf.data autotunes the parallel calls within {usable_cores} usable cores"
+    elif num_workers > usable_cores and not oversubscribed:
+        note = (f"data.num_workers: {num_workers} for {usable_cores} usable cores, the hardware plan's two calls in "
+                "flight per input core")
     elif num_workers > usable_cores:
         note = (f"data.num_workers: {num_workers} is more than the {usable_cores} usable cores: the threads "
                 "take turns on the same cores")
@@ -141,7 +148,7 @@ def cpu_check(num_workers: int, usable_cores: int) -> dict:
         note = f"data.num_workers: {num_workers}: {num_workers} of {usable_cores} usable cores prepare batches in parallel"
     else:
         note = f"data.num_workers: {num_workers} matches the {usable_cores} usable cores"
-    return {"usable_cores": usable_cores, "num_workers": num_workers, "note": note}
+    return {"usable_cores": usable_cores, "num_workers": num_workers, "note": note, "oversubscribed": oversubscribed}
 
 
 def read_throughput(paths: Iterable[str], budget_s: float = READ_BUDGET_S) -> dict | None:
@@ -174,14 +181,15 @@ def read_throughput(paths: Iterable[str], budget_s: float = READ_BUDGET_S) -> di
 
 
 def static_checks(config: Config, dataset: tf.data.Dataset, *, policy: str, usable_cores: int,
-                  gpu_available: bool, audio_paths: Iterable[str] = (), read_budget_s: float = READ_BUDGET_S) -> dict:
+                  gpu_available: bool, audio_paths: Iterable[str] = (), read_budget_s: float = READ_BUDGET_S,
+                  planned_workers: int | None = None) -> dict:
     """All checks above, plus one-line findings for what looks wrong.
 
     Pass the dataset built with `data.prefetch_to_gpu: false`: TensorFlow cannot serialize a
     pipeline that ends in `prefetch_to_device`, and that last stage runs no Python anyway.
     """
     settings = pipeline_settings(config, policy, gpu_available)
-    cpu = cpu_check(config.data.num_workers, usable_cores)
+    cpu = cpu_check(config.data.num_workers, usable_cores, planned_workers)
     throughput = read_throughput(audio_paths, read_budget_s)
     findings = []
     try:
@@ -204,7 +212,7 @@ def static_checks(config: Config, dataset: tf.data.Dataset, *, policy: str, usab
                         f"{'has' if graph['cache'] else 'has no'} cache op")
     if settings["prefetch_to_gpu"] and not settings["prefetch_to_gpu_active"]:
         findings.append("data.prefetch_to_gpu is true but TensorFlow sees no GPU: a plain prefetch is used")
-    if config.data.num_workers > usable_cores:
+    if cpu["oversubscribed"]:
         findings.append(cpu["note"])
     return {"python_ops": python_ops, "settings": settings, "graph": graph, "cpu": cpu,
             "read_throughput": throughput, "findings": findings}

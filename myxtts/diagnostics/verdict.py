@@ -46,6 +46,10 @@ from myxtts.diagnostics.timing import HIGHLY_INPUT_BOUND, MODERATELY_INPUT_BOUND
 
 VERDICTS = ("input-bound", "host-overhead-bound", "loop-bound", "memory-bound", "compute-bound")
 HOST_OVERHEAD_SHARE = 0.20
+# steps_per_execution only saves the host's round trip between steps ("host, everything else"). On an
+# H100 the demo's graph step was launch-bound inside the step with that round trip at 0.5% of it, and
+# steps_per_execution: 4 measured no gain (compiled step 105 ms against 100): recommended from 5% on.
+ROUND_TRIP_SHARE = 0.05
 # The alignment's loops at this share of the step alone, or more, make the step loop-bound. Their
 # iterations run one after another, each too small to fill a GPU, so no batch, precision or input
 # change moves them: only fewer iterations (frames per iteration) or cheaper ones (XLA) do. At 40%
@@ -284,8 +288,10 @@ def recommend(verdict: Verdict, static: dict, measurements: dict, gpu: dict | No
         xla_on("the loops' iterations become XLA loop iterations inside one program, the cheapest kind")
     elif verdict.kind == "host-overhead-bound":
         out.key("training.enable_graph_mode", True, "eager steps dispatch every op from Python", settings["graph_mode"])
-        out.key("training.steps_per_execution", 4, "several steps per compiled call: one host round trip for four steps",
-                settings["steps_per_execution"])
+        if training["host_other"]["share"] >= ROUND_TRIP_SHARE:
+            out.key("training.steps_per_execution", 4, "several steps per compiled call: one host round trip for "
+                    f"four steps (the round trip is {training['host_other']['share']:.0%} of the step)",
+                    settings["steps_per_execution"])
         if gpu_on:
             xla_on("XLA fuses the step into fewer, larger kernels: fewer launches")
         if held is None or held < GPU_MEMORY_ROOMY:

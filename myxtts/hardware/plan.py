@@ -12,7 +12,13 @@ Rules, in one place:
   AVX512_BF16, 2.5x slower on an Intel Xeon without it), so training times both
   (`cpu_precision.py`, `probe_precision`); the plan's own value is the prior that stands when that
   cannot run: mixed_bfloat16 where the CPU lists AVX512_BF16 or AMX flags, else float32.
-- TF32 on from CC 8.0; XLA on (bucketed shapes keep the number of compiled programs small).
+- TF32 on from CC 8.0. XLA on a GPU where the run is long enough to pay back its compiles: measured on
+  an H100 (small model, bf16, batch 16), XLA compiled the train step for 106-160 s per batch shape and
+  then ran it in 38 ms, against 94-101 ms in graph mode with the alignment's loops compiled alone,
+  whose shapes compile in seconds. So XLA is chosen when the run's micro-batch steps exceed
+  `XLA_PAYBACK_STEPS_PER_SHAPE` per compiled shape (train and validation buckets); the 1,400-step demo
+  stays in graph mode (406 s on the H100; with XLA it had done 2 steps after 428 s). A run whose length
+  is unknown (the hardware report) is taken as long.
 - Batch prior: a per-GPU batch for the `base` model (~100M parameters) looked up from the GPU's free
   memory (table `_BASE_BATCH_BY_FREE_GIB`); `small` takes twice and `tiny` four times that batch
   (their per-sample activations are roughly half and a quarter of base's), capped at the effective
@@ -34,6 +40,12 @@ from myxtts.hardware.batch_plan import BatchPlan
 from myxtts.hardware.detect import GpuFacts, MachineFacts
 
 _GIB = 2**30
+
+# XLA's break-even on a GPU, measured on an H100 on 2026-11-24 (BENCHMARKS.md, "On an H100"): ~130 s
+# of compiling per batch shape, ~60 ms saved per step against graph mode with compiled loops.
+XLA_COMPILE_S_PER_SHAPE = 130.0
+XLA_SAVED_S_PER_STEP = 0.06
+XLA_PAYBACK_STEPS_PER_SHAPE = math.ceil(XLA_COMPILE_S_PER_SHAPE / XLA_SAVED_S_PER_STEP)
 
 # Free GPU memory (GiB, lower bound) -> per-GPU batch for the base model. Thresholds sit below the
 # nominal sizes because NVML reports e.g. 22.5 GiB for a "24 GB" A10/L4 and ~15 GiB free on a T4.
@@ -89,6 +101,10 @@ class RequestedSettings:
     effective_batch_size: int | str = 0  # 0 / 'auto': 32
     tf32: bool | None = None
     xla: bool | None = None
+    # For XLA's payback on a GPU: the run's optimizer updates and the step shapes XLA would compile
+    # (train and validation buckets). None: unknown, taken as a long run.
+    planned_updates: int | None = None
+    compiled_shapes: int = 12
 
     def __post_init__(self) -> None:
         for name in ("batch_size", "gradient_accumulation_steps", "num_workers", "effective_batch_size"):
@@ -323,6 +339,27 @@ def _platform_recommendations(facts: MachineFacts) -> list[str]:
     return []
 
 
+def _xla(requested: RequestedSettings, on_gpu: bool, accumulation: int) -> tuple[bool, str]:
+    if requested.xla is not None:
+        return requested.xla, "config"
+    if not on_gpu:
+        return False, ("auto: not on a CPU, where XLA made the small model's step slower and compiles each "
+                       "bucket shape for 20-60 s")
+    payback = XLA_PAYBACK_STEPS_PER_SHAPE * requested.compiled_shapes
+    measured = (f"on an H100 XLA compiled ~{XLA_COMPILE_S_PER_SHAPE:.0f} s per batch shape and saved "
+                f"~{XLA_SAVED_S_PER_STEP * 1000:.0f} ms per step")
+    if requested.planned_updates is None:
+        return True, (f"auto: {measured}; pays back after ~{payback:,} steps for {requested.compiled_shapes} "
+                      "shapes, and the run's length is unknown here")
+    steps = requested.planned_updates * accumulation
+    if steps >= payback:
+        return True, f"auto: {steps:,} steps pay back its compiles ({measured}: ~{payback:,} steps needed)"
+    return False, (f"auto: {steps:,} steps are too few to pay back XLA's compiles ({measured}: ~{payback:,} "
+                   f"steps for {requested.compiled_shapes} shapes); graph mode, the alignment's loops "
+                   "compiled alone. training.enable_xla_compilation: true forces it (the XLA cache "
+                   "keeps the compiles for later runs)")
+
+
 def plan_for_machine(facts: MachineFacts, model_size: str = "base",
                      requested: RequestedSettings | None = None) -> Plan:
     """Decides precision, TF32, XLA, batch, accumulation and input parallelism for `facts.gpus`.
@@ -349,14 +386,6 @@ def plan_for_machine(facts: MachineFacts, model_size: str = "base",
         tf32, sources["tf32"] = True, "auto: CC >= 8.0 runs float32 matmuls on tensor cores (TF32)"
     else:
         tf32, sources["tf32"] = False, "auto: no TF32 before CC 8.0" if on_gpu else "auto: no TF32 on CPU"
-    if requested.xla is not None:
-        xla, sources["xla"] = requested.xla, "config"
-    else:
-        xla, sources["xla"] = on_gpu, ("auto: on a GPU XLA fuses the step (60 ms against 442 in graph mode on an "
-                                       "H100); bucketed shapes keep compiles few" if on_gpu else
-                                       "auto: not on a CPU, where XLA made the small model's step slower and "
-                                       "compiles each bucket shape for 20-60 s")
-
     target = requested.effective_batch_size or 32
     sources["target_effective_batch_size"] = "config" if requested.effective_batch_size else "auto: default 32"
     prior, prior_why, free = _batch_prior(gpus, MODEL_SIZE_BATCH_MULTIPLIER[model_size], target)
@@ -376,6 +405,7 @@ def plan_for_machine(facts: MachineFacts, model_size: str = "base",
         notes.append(f"batch_size x gradient_accumulation_steps x replicas = {effective} differs from "
                      f"effective_batch_size {target}; the fixed values win")
 
+    xla, sources["xla"] = _xla(requested, on_gpu, accumulation)
     parallel = _input_parallelism(facts, requested, on_gpu)
     for name, (_, why) in parallel.items():
         sources[name] = why

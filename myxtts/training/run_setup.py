@@ -49,6 +49,12 @@ from myxtts.training.init_from import InitSource, check_same_text, load_source
 from myxtts.training.run_folder import RunText, has_checkpoint, prepare_text
 
 
+def compiled_step_shapes(config: Config) -> int:
+    """How many step programs XLA would compile: a train and a validation step per bucket when batches
+    are padded to buckets; without bucketing every batch length is its own shape (taken as 50)."""
+    return 2 * len(config.data.bucket_boundaries_s) if config.data.bucketing else 50
+
+
 def resolve_plan(config: Config, echo=console_echo) -> tuple[Config, str, Plan]:
     """The config with every automatic value filled from the hardware plan, the Keras dtype policy
     name, and the plan (the distribution strategy is made from it).
@@ -73,6 +79,8 @@ def resolve_plan(config: Config, echo=console_echo) -> tuple[Config, str, Plan]:
             precision=t.precision,
             effective_batch_size=t.effective_batch_size,
             xla=None if t.enable_xla_compilation == "auto" else t.enable_xla_compilation,
+            planned_updates=t.max_steps,
+            compiled_shapes=compiled_step_shapes(config),
         ),
     )
     # The probes below can take minutes on their first run: a mistyped data path fails before them.
