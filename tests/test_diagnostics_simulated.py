@@ -18,7 +18,7 @@ from myxtts.diagnostics.bottleneck import diagnose
 from myxtts.diagnostics.report import format_report
 from myxtts.diagnostics.simulated_gpu import simulated_gpu
 from myxtts.diagnostics.static_checks import static_checks
-from myxtts.hardware.capacity import LOOP_ITERATION_S
+from myxtts.hardware.capacity import LOOP_ITERATION_S, STEP_OVERHEAD_S
 from myxtts.hardware.devices import DeviceSpec, device_by_key
 from myxtts.models.flops import alignment_loop_iterations, clip_training_flops
 
@@ -56,7 +56,8 @@ def test_the_step_is_the_batchs_flops_at_the_cards_rate_plus_its_loops(slow_pipe
     # The tiny model's products are too thin for the H100: bandwidth caps it below the assumed 40%.
     utilization = flops.intensity / (989.4e12 / 3350e9)
     assert utilization < 0.4
-    expected = flops.total / (989.4e12 * utilization) + alignment_loop_iterations(520) * LOOP_ITERATION_S
+    expected = (flops.total / (989.4e12 * utilization) + alignment_loop_iterations(520) * LOOP_ITERATION_S
+                + STEP_OVERHEAD_S)
     assert h100.step_seconds(batch) == pytest.approx(expected)
     # The same clips as waveforms (data.mel_on_device): the same frames, plus the STFT in the step.
     waveforms = {**batch, "audio": shape(8, 519 * 256)}
@@ -80,7 +81,7 @@ def test_slow_pipeline_is_input_bound_against_a_fast_gpu_and_compute_bound_again
 
     # A test-only card whose peak is so low that one batch takes 0.3 s: the pipeline keeps ahead.
     one_batch = next(iter(dataset))
-    unit = dataclasses.replace(fast, loop_iteration_s=0.0, device=DeviceSpec(
+    unit = dataclasses.replace(fast, loop_iteration_s=0.0, step_overhead_s=0.0, device=DeviceSpec(
         "SLOW", "test-only slow GPU", (8, 0), 2**30, 1.0, 1.0, 1.0, 1.0, memory_bandwidth=1.0, source="this test"))
     peak = unit.step_seconds(one_batch) / 0.3  # at 1 FLOP/s the step takes FLOPs / MFU seconds
     slow = dataclasses.replace(unit, device=dataclasses.replace(unit.device, bf16_flops=peak, memory_bandwidth=peak))

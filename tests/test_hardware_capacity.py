@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from myxtts.hardware.capacity import DEFAULT_MFU, LOOP_ITERATION_S, choose_route, gpu_demand, gpu_facts_for, plan_capacity
+from myxtts.hardware.capacity import DEFAULT_MFU, LOOP_ITERATION_S, STEP_OVERHEAD_S, choose_route, gpu_demand, gpu_facts_for, plan_capacity
 from myxtts.hardware.capacity_record import CapacityCache, CapacityRecord, ModelCost, RouteRate
 from myxtts.hardware.detect import MachineFacts
 from myxtts.hardware.devices import DEVICES, DeviceSpec, device_by_key, device_for_gpu_name
@@ -58,12 +58,13 @@ def test_the_plans_precision_gets_the_cards_tensor_cores(device):
                                                           "fp32 (no tensor cores)")
 
 
-def test_demand_is_arithmetic_time_plus_loop_time_per_audio_second():
+def test_demand_is_arithmetic_time_plus_loop_time_plus_fixed_cost_per_audio_second():
     h100 = device_by_key("H100")
     demand = gpu_demand(record(), "base", h100, "mixed_bfloat16", True, batch=16)
     compute = 5e9 / (989.4e12 * DEFAULT_MFU)
     loops = 400.0 / 16 * LOOP_ITERATION_S
-    assert demand.audio_s_per_s == pytest.approx(1 / (compute + loops))
+    fixed = STEP_OVERHEAD_S / (16 * 600.0 / 100)  # a batch holds 16 clips of 6 s on average
+    assert demand.audio_s_per_s == pytest.approx(1 / (compute + loops + fixed))
     assert demand.compute_bound_audio_s_per_s == pytest.approx(1 / compute)
     # A larger batch runs the loops once for more clips.
     assert gpu_demand(record(), "base", h100, "mixed_bfloat16", True, batch=32).audio_s_per_s > demand.audio_s_per_s
@@ -84,7 +85,8 @@ def test_route_choice_takes_the_simplest_route_that_feeds():
     calibration = record(loops=0.0)
 
     def choice(audio_s_per_s, cores=1):
-        demand = gpu_demand(calibration, "base", _slow_gpu(audio_s_per_s * 5e9 / 0.4), "mixed_bfloat16", True, 16)
+        demand = gpu_demand(calibration, "base", _slow_gpu(audio_s_per_s * 5e9 / 0.4), "mixed_bfloat16", True, 16,
+                            step_overhead_s=0.0)
         assert demand.audio_s_per_s == pytest.approx(audio_s_per_s)
         return choose_route(calibration, demand, demand, cores)
 
@@ -136,7 +138,7 @@ def test_hardware_module_prints_the_capacity_plan_for_a_card_it_does_not_have(tm
     assert "Capacity plan: base model on Tesla T4 (T4), batch 6" in result.stdout
     assert "fp16 tensor cores 65.0 TFLOP/s dense" in result.stdout
     summary = next(line for line in result.stdout.splitlines() if line.startswith("  -> "))
-    expected = 1 / (5e9 / (65e12 * 0.3) + 400.0 / 6 * LOOP_ITERATION_S)
+    expected = 1 / (5e9 / (65e12 * 0.3) + 400.0 / 6 * LOOP_ITERATION_S + STEP_OVERHEAD_S / (6 * 6.0))
     assert f"eats ~{expected:,.0f} audio-s/s" in summary and math.isfinite(expected)
 
 

@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from myxtts.config import Config
 from myxtts.diagnostics.calibration import filterbank_bins
 from myxtts.diagnostics.timing import CompiledStep
-from myxtts.hardware.capacity import LOOP_ITERATION_S, LOOP_SOURCE, MFU_SOURCE, gpu_facts_for, roofline_utilization
+from myxtts.hardware.capacity import (LOOP_ITERATION_S, LOOP_SOURCE, MFU_SOURCE, STEP_OVERHEAD_S, gpu_facts_for,
+                                      roofline_utilization)
 from myxtts.hardware.detect import MachineFacts
 from myxtts.hardware.devices import DeviceSpec
 from myxtts.hardware.plan import RequestedSettings, plan_for_machine
@@ -35,6 +36,7 @@ class SimulatedGpu:
     loop_iteration_s: float
     config: Config  # model size, mel settings, decoder window, checkpointing
     vocab_size: int
+    step_overhead_s: float = STEP_OVERHEAD_S  # the fixed cost per step (hardware/capacity.py)
 
     def step_seconds(self, batch: dict) -> float:
         """The predicted time of one training step on this batch (its padded shapes)."""
@@ -50,7 +52,8 @@ class SimulatedGpu:
                                     gradient_checkpointing=t.gradient_checkpointing, stft=stft).scaled(clips)
         peak, _ = self.device.peak_flops(self.precision, self.tf32)
         utilization, _ = roofline_utilization(self.device, peak, flops.intensity, self.precision, self.mfu)
-        return flops.total / (peak * utilization) + alignment_loop_iterations(frames) * self.loop_iteration_s
+        return (flops.total / (peak * utilization) + alignment_loop_iterations(frames) * self.loop_iteration_s
+                + self.step_overhead_s)
 
     def compiled_step(self) -> CompiledStep:
         """The consumer the diagnosis times: it returns once the batch's predicted time has passed."""

@@ -55,7 +55,8 @@ ROUND_TRIP_SHARE = 0.05
 # change moves them: only fewer iterations (frames per iteration) or cheaper ones (XLA) do. At 40%
 # they are the step's largest part, and halving them gains a fifth of the step or more.
 LOOP_BOUND_SHARE = 0.40
-# Frames per loop iteration on a GPU: 2.4 us a frame under XLA on an H100, against 16.5-23 at one
+# Frames per loop iteration on a GPU: under XLA on an H100, 20.3 / 13.0 us a frame (forward-sum +
+# gradient / Viterbi) against 50.0 / 50.7 at one
 # (models/alignment.py, AlignmentLoops.for_device; the automatic value there).
 GPU_FRAMES_PER_ITERATION = 16
 XLA_KEY = "training.enable_xla_compilation"
@@ -283,8 +284,8 @@ def recommend(verdict: Verdict, static: dict, measurements: dict, gpu: dict | No
         if loops.get("frames_per_iteration") == 1 and settings.get("gpu_available"):
             out.key("training.alignment_frames_per_iteration", GPU_FRAMES_PER_ITERATION,
                     f"one frame per loop iteration pays a GPU's fixed cost per iteration {loops['iterations']} times a "
-                    f"step; {GPU_FRAMES_PER_ITERATION} frames per iteration made a frame about 7x cheaper on an H100 "
-                    "(2.4 us against 16.5 under XLA; 0, automatic, also gives 16 on a GPU)", 1)
+                    f"step; {GPU_FRAMES_PER_ITERATION} frames per iteration made a frame 2.5-3.9x cheaper on an H100 "
+                    "(20.3 / 13.0 us against 50.0 / 50.7 under XLA; 0, automatic, also gives 16 on a GPU)", 1)
         xla_on("the loops' iterations become XLA loop iterations inside one program, the cheapest kind")
     elif verdict.kind == "host-overhead-bound":
         out.key("training.enable_graph_mode", True, "eager steps dispatch every op from Python", settings["graph_mode"])

@@ -1,7 +1,8 @@
 """Will this host feed the GPU? The GPU's appetite in audio-seconds per second against the host's supply.
 
     GPU demand  = 1 / (FLOPs per audio-second / (peak x utilization)      the arithmetic
-                       + loop frames per audio-second / batch x t)         the alignment's loops
+                       + loop frames per audio-second / batch x t         the alignment's loops
+                       + fixed cost per step / audio-seconds per batch)    launches, small kernels
     host supply = audio-seconds per CPU-second of a route x input cores   (measured, per route)
 
 The FLOPs come from `models/flops.py` on the corpus's own clip shapes, the peaks from the spec
@@ -12,7 +13,10 @@ arithmetic, sets the pace. The alignment's frame-by-frame loops are sequential w
 on a GPU each loop iteration has a fixed cost far above one frame's arithmetic, so a frame costs
 what its share of an iteration does (`LOOP_ITERATION_S`, per frame of one loop at the GPU's 16
 frames per iteration). For this model that matters more than its FLOPs, so the demand is given
-with and without them.
+with and without them. What is left of a measured step beyond both is a fixed cost per step
+(`STEP_OVERHEAD_S`: kernels too small to fill the GPU, their launches). The demand is that of an XLA
+step, the fastest route and so the most a host must feed (a short run's graph-mode step, see
+`plan.py`, eats about 2.5x less).
 
 The route chosen is the simplest that keeps the GPU fed: on the fly, else cached features, else
 mel_on_device. Every line printed says where its number comes from.
@@ -34,10 +38,15 @@ MFU_SOURCE = ("assumed: well-tuned large transformers train at 40-50% of dense p
               "Megatron-LM: ~50% of A100 peak); a small model with conv blocks and scans usually reaches less")
 # Seconds per frame of one alignment loop on a GPU, with the loops stepping through 16 frames per
 # iteration (training.alignment_frames_per_iteration's GPU default).
-LOOP_ITERATION_S = 2.4e-6
-LOOP_SOURCE = ("measured on an H100 under XLA (TensorFlow 2.21) for a [16, 100] log-add loop of the same shape: "
-               "2.4-2.6 us a frame at 16 frames per iteration, 16.5-23 us at one; the alignment's own loop bodies "
-               "(Viterbi's backtrack gathers) may cost more, not yet measured there")
+LOOP_ITERATION_S = 8.3e-6
+LOOP_SOURCE = ("measured on an H100 under XLA (TensorFlow 2.21, utilities/benchmark_alignment.py, [16, 700, 100]): "
+               "forward-sum + gradient 20.3 us and Viterbi 13.0 us a frame at 16 frames per iteration, two loops "
+               "each: 8.3 us per loop frame (a bare log-add loop took 2.4 us there)")
+# What an XLA train step of the small model took on an H100 (bf16, batch 16, 520 frames: 38 ms) beyond
+# its loops (17 ms) and its arithmetic at the MFU (~0.5 ms). Measured for `small` only.
+STEP_OVERHEAD_S = 0.021
+STEP_OVERHEAD_SOURCE = ("measured on an H100: the small model's XLA step (38 ms at batch 16 x 520 frames) less its "
+                        "loops and arithmetic; other sizes and GPUs assumed the same")
 # Bytes per activation and weight in the products: 2 under mixed precision, 4 in float32.
 _ITEMSIZE = {"mixed_bfloat16": 2, "mixed_float16": 2, "float32": 4}
 
@@ -58,10 +67,11 @@ class GpuDemand:
     flops_per_audio_s: float
     compute_s_per_audio_s: float
     loop_s_per_audio_s: float
+    overhead_s_per_audio_s: float = 0.0
 
     @property
     def audio_s_per_s(self) -> float:
-        return 1.0 / (self.compute_s_per_audio_s + self.loop_s_per_audio_s)
+        return 1.0 / (self.compute_s_per_audio_s + self.loop_s_per_audio_s + self.overhead_s_per_audio_s)
 
     @property
     def compute_bound_audio_s_per_s(self) -> float:
@@ -71,7 +81,7 @@ class GpuDemand:
 
 def gpu_demand(record: CapacityRecord, model_size: str, device: DeviceSpec, precision: str, tf32: bool, batch: int,
                mfu: float = DEFAULT_MFU, loop_iteration_s: float = LOOP_ITERATION_S,
-               mel_on_device: bool = False) -> GpuDemand:
+               mel_on_device: bool = False, step_overhead_s: float = STEP_OVERHEAD_S) -> GpuDemand:
     """The GPU's appetite for `model_size` trained at `precision` in batches of `batch` clips."""
     if not 0 < mfu <= 1:
         raise ValueError(f"--mfu must be in (0, 1], got {mfu}")
@@ -86,6 +96,7 @@ def gpu_demand(record: CapacityRecord, model_size: str, device: DeviceSpec, prec
         utilization=utilization, roofline_cap=cap, batch=batch, flops_per_audio_s=flops,
         compute_s_per_audio_s=flops / (peak * utilization),
         loop_s_per_audio_s=record.loop_iterations_per_audio_s / batch * loop_iteration_s,
+        overhead_s_per_audio_s=step_overhead_s / (batch * record.audio_seconds / max(record.clips, 1)),
     )
 
 
@@ -184,8 +195,10 @@ def capacity_lines(record: CapacityRecord, demand: GpuDemand, choice: RouteChoic
         f"{_settings_text(record)}]",
         f"  alignment loops: {record.loop_iterations_per_audio_s / demand.batch:,.2f} sequential loop frames per "
         f"audio-second at batch {demand.batch}, {loop_iteration_s * 1e6:.1f} us each  [{LOOP_SOURCE}]",
+        f"  fixed cost per step: {STEP_OVERHEAD_S * 1000:.0f} ms, {demand.overhead_s_per_audio_s * 1e6:,.0f} us per "
+        f"audio-second at batch {demand.batch}  [{STEP_OVERHEAD_SOURCE}]",
         f"  GPU consumes ~{_rate(demand.audio_s_per_s)} audio-s/s (~{_rate(demand.compute_bound_audio_s_per_s)} if "
-        "its loops cost nothing)",
+        "its loops and fixed costs were free)",
         f"  Host: {record.cpu_model}, measured {record.created_utc} with {_parallel(record)} parallel calls, load "
         f"{record.load_average[0]:.1f} -> {record.load_average[1]:.1f}; per core = audio-seconds per CPU-second used; "
         f"the plan gives the pipeline {_cores(input_cores)}",
