@@ -2,13 +2,19 @@
 
     encoder = SpeakerEncoder()
     voice = encoder.embed_speaker(reference_waveforms, sample_rate)     # [256], unit length
-    cosine_similarity(encoder.embed(synthesized, sample_rate), voice)   # ~0.9+ same voice
+    cosine_similarity(encoder.embed(synthesized, sample_rate), voice)
     identify(encoder.embed(clip, sample_rate), {"alice": voice, ...})   # -> "alice"
+    encoder.embed_many(clips, sample_rate)                              # [clips, 256], batched
+
+What the numbers mean, measured on the ten espeak voices of the demo corpus (DEMO_VOICES +
+OTHER_VOICES, which GE2E hears as fairly close: one synthesizer, varied pitch and formants):
+two ~4.7 s utterances of one voice score 0.91 on average (lowest 0.85), of two voices 0.73
+(highest 0.95, en-us against en-us+m1/m3 on the same words); an utterance's own voice's centroid
+wins 59 of 60 times. Single sentences (~2.4 s) are noisier: 0.84 vs 0.67, 115 of 120.
 
 The encoder is resemblyzer's GE2E d-vector model (resemblyzer 0.1.4, Apache-2.0: a 3-layer LSTM
-40 -> 256 and a Linear 256 -> 256 + ReLU, trained with the GE2E loss on about 1,500 hours of
-LibriSpeech, VoxCeleb 1 and 2), its pipeline re-implemented here in numpy so that neither torch
-nor librosa is needed. The weights are `ge2e_weights.npz` beside this file, made by
+40 -> 256 and a Linear 256 -> 256 + ReLU, trained with the GE2E loss of Wan et al. 2018), its
+pipeline re-implemented here in numpy so that neither torch nor librosa is needed. The weights are `ge2e_weights.npz` beside this file, made by
 `utilities/convert_ge2e_weights.py`. `tests/test_speaker_encoder.py` checks the embeddings
 against ones recorded with resemblyzer itself (`tests/reference/record_ge2e_reference.py`).
 
@@ -25,6 +31,12 @@ The pipeline, as resemblyzer's `preprocess_wav` + `VoiceEncoder.embed_utterance`
 5. windows of 160 frames (1.6 s) at 1.3 per second, the last kept if at least 75% covered
    (the audio is zero-padded for it); each window's embedding is the LSTM's last hidden state
    through Linear + ReLU, L2-normalised; the utterance's is their mean, L2-normalised again.
+
+Agreement with resemblyzer itself (ten espeak clips, 0.8-6 s): cosine >= 0.9999999 without the
+silence trimming, >= 0.992 with it (six of ten 1.000000; the energy rule agrees with webrtcvad on
+92.5% of windows). Speed on one core: ~40 ms per 2.4 s clip through `embed_many`, ~90 ms through
+`embed`. The LSTM's matmuls are small, so BLAS threads only get in each other's way: on two busy
+cores `OPENBLAS_NUM_THREADS=1` (or threadpoolctl) made it ten times faster.
 """
 
 from __future__ import annotations
