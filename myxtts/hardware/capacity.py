@@ -42,10 +42,11 @@ LOOP_ITERATION_S = 8.3e-6
 LOOP_SOURCE = ("measured on an H100 under XLA (TensorFlow 2.21, utilities/benchmark_alignment.py, [16, 700, 100]): "
                "forward-sum + gradient 20.3 us and Viterbi 13.0 us a frame at 16 frames per iteration, two loops "
                "each: 8.3 us per loop frame (a bare log-add loop took 2.4 us there)")
-# What an XLA train step of the small model took on an H100 (bf16, batch 16, 520 frames: 38 ms) beyond
-# its loops (17 ms) and its arithmetic at the MFU (~0.5 ms). Measured for `small` only.
-STEP_OVERHEAD_S = 0.021
-STEP_OVERHEAD_SOURCE = ("measured on an H100: the small model's XLA step (38 ms at batch 16 x 520 frames) less its "
+# What an XLA train step of the small model took on an H100 (bf16, batch 16 at the longest bucket,
+# 1,040 frames: 38 ms) beyond its loops (1,040 x 33.3 us = 34.6 ms) and its arithmetic at the MFU
+# (~0.2 ms). Measured for `small` only; a graph-mode step's rest was ~77 ms (94 ms at 520 frames).
+STEP_OVERHEAD_S = 0.003
+STEP_OVERHEAD_SOURCE = ("measured on an H100: the small model's XLA step (38 ms at batch 16 x 1,040 frames) less its "
                         "loops and arithmetic; other sizes and GPUs assumed the same")
 # Bytes per activation and weight in the products: 2 under mixed precision, 4 in float32.
 _ITEMSIZE = {"mixed_bfloat16": 2, "mixed_float16": 2, "float32": 4}
