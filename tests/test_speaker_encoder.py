@@ -172,3 +172,15 @@ def test_cosine_and_identify_basics():
         identify(a, {})
     with pytest.raises(ValueError, match="silent"):
         SpeakerEncoder().embed(np.zeros(16_000, np.float32), 16_000)
+
+
+def test_weights_file_holds_the_encoder_only():
+    """The converted resemblyzer checkpoint: 3 LSTM layers in torch's gate layout, Linear, float32."""
+    weights = speaker.load_weights()
+    expected = {"linear_w": (256, 256), "linear_b": (256,)}
+    for layer, inputs in enumerate((40, 256, 256)):
+        expected.update({f"lstm{layer}_w_ih": (inputs, 1024), f"lstm{layer}_w_hh": (256, 1024), f"lstm{layer}_bias": (1024,)})
+    assert {name: array.shape for name, array in weights.items()} == expected
+    assert all(array.dtype == np.float32 for array in weights.values())
+    with np.load(speaker.WEIGHTS_PATH) as archive:
+        assert "Resemblyzer-0.1.4" in str(archive["source"]) and "sha256 39373b86" in str(archive["source"])
