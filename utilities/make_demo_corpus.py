@@ -2,6 +2,8 @@
 
     python utilities/make_demo_corpus.py --out demo_corpus
     python utilities/make_demo_corpus.py --out other_corpus --voices other --seed 7 --num-utterances 100
+    python utilities/make_demo_corpus.py --out many_corpus --voices many --num-utterances 900
+    python utilities/make_demo_corpus.py --out heldout_corpus --voices heldout --seed 7 --num-utterances 160
 
 Needs no network: espeak-ng and its voice data come with the `espeakng-loader` package.
 Rerunning with the same arguments returns at once; see myxtts/data/demo_corpus.py.
@@ -11,27 +13,52 @@ from __future__ import annotations
 
 import argparse
 import sys
+import textwrap
 import time
 from pathlib import Path
 
 EPILOG = """\
-voices:
-  demo:  {demo} (the demo's five speakers)
-  other: {other}
-  For a corpus of other voices and sentences than the demo's (to see whether a model trained on
-  the demo generalizes), use --voices other with another --seed: American English like the demo's
-  phonemes, each renders every sentence of a 400-clip corpus within the 1-12 s window.
-  A voice is an espeak-ng language code, optionally with a variant: LANG+VARIANT. Variants that
-  render with the bundled data include f1-f5, m1-m8, klatt, klatt2, klatt3, whisper and named ones
-  (Alex, john, linda, ...); English bases include en-us, en (British), en-gb-x-rp, en-gb-scotland,
-  en-029 and en-us-nyc. "en-gb" is not a voice name (use en): en-gb+m3 fails.
+voices (named sets, myxtts/data/demo_voices.py):
+  demo:    the demo's five speakers:
+{demo}
+  other:   five American variants the demo never heard:
+{other}
+           for a corpus of other voices and sentences than the demo's (to see whether a model
+           trained on the demo generalizes), with another --seed.
+  many:    {num_many} voices, for training a model that must learn what a voice is (zero-shot
+           cloning):
+{many}
+  heldout: {num_heldout} voices never in 'many' ('other' and four more), for evaluation only (cloning
+           voices the model never heard, with another --seed):
+{heldout}
+  'many', 'heldout' and 'other' are American English (en-us plus an espeak-ng variant), whose spoken
+  phonemes are the manifest's en-us phonemes one for one; each renders demo sentences within the
+  1-12 s window. --num-utterances is spread over the voices in turn (900 over 'many' gives each
+  voice about {per_voice}).
+  A voice is an espeak-ng language code, optionally with a variant: LANG+VARIANT, the variant being
+  a file of espeak-ng-data/voices/!v (names are case-sensitive; an unknown one is refused, since
+  espeak-ng would silently speak the plain LANG voice). English bases include en-us, en (British),
+  en-gb-x-rp, en-gb-scotland, en-029 and en-us-nyc; those other than en-us speak other phonemes
+  than --language en-us's, so their timing files disagree with the manifest. "en-gb" is not a
+  voice name (use en): en-gb+m3 fails.
 """
 
 
-def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
-    from myxtts.data.demo_corpus import DEMO_VOICES, OTHER_VOICES
+def _epilog(voice_sets: dict[str, tuple[str, ...]]) -> str:
+    def listing(voices):
+        return textwrap.fill(",".join(voices).replace(",", ", "), width=100, initial_indent=" " * 11,
+                             subsequent_indent=" " * 11, break_long_words=False, break_on_hyphens=False)
 
-    named = {"demo": DEMO_VOICES, "other": OTHER_VOICES}
+    many, heldout = voice_sets["many"], voice_sets["heldout"]
+    return EPILOG.format(
+        demo=listing(voice_sets["demo"]), other=listing(voice_sets["other"]), many=listing(many),
+        heldout=listing(heldout), num_many=len(many), num_heldout=len(heldout), per_voice=900 // len(many),
+    )
+
+
+def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
+    from myxtts.data.demo_voices import VOICE_SETS
+
     parser = argparse.ArgumentParser(
         description=(
             "Synthesize the demo corpus with espeak-ng: wavs/<id>.wav at 22,050 Hz, a phoneme\n"
@@ -39,7 +66,7 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
             "speaker, duration, phonemes). The same arguments always give byte-identical files; an\n"
             "existing corpus built with the same arguments is kept as it is."
         ),
-        epilog=EPILOG.format(demo=",".join(DEMO_VOICES), other=",".join(OTHER_VOICES)),
+        epilog=_epilog(VOICE_SETS),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--out", type=Path, default=Path("demo_corpus"),
@@ -49,8 +76,8 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0,
                         help="seed of the sentence generator; another seed gives other sentences (default: %(default)s)")
     parser.add_argument("--voices", default="demo",
-                        help="comma-separated espeak-ng voices, one speaker each; 'demo' or 'other' name the "
-                             "sets below (default: %(default)s)")
+                        help="comma-separated espeak-ng voices, one speaker each, or the name of a set below: "
+                             f"{', '.join(VOICE_SETS)} (default: %(default)s)")
     parser.add_argument("--language", default="en-us",
                         help="espeak-ng language of the manifest's phonemes, the model's data.language (default: %(default)s)")
     parser.add_argument("--timing-hop", type=int, default=256,
@@ -65,7 +92,7 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error(f"--timing-hop must be at least 1, got {arguments.timing_hop}")
     if arguments.workers < 0:
         parser.error(f"--workers must be >= 0, got {arguments.workers}")
-    arguments.voices = list(named[arguments.voices]) if arguments.voices in named else [
+    arguments.voices = list(VOICE_SETS[arguments.voices]) if arguments.voices in VOICE_SETS else [
         voice.strip() for voice in arguments.voices.split(",") if voice.strip()]
     if not arguments.voices:
         parser.error("--voices names no voice")

@@ -10,7 +10,8 @@
     out_dir/.demo_corpus.json           stamp: what was built, written last
 
 `data.train_data: demo_corpus` reads the folder through its manifest.jsonl like any prepared
-dataset. Each speaker is one espeak voice variant (`spk_en-us_f2` for `en-us+f2`). The text is
+dataset. Each speaker is one espeak voice variant (`spk_en-us_f2` for `en-us+f2`); the named voice sets
+(`demo`, `other`, `many`, `heldout`) are in `demo_voices.py`. The text is
 the sentence as spoken (`myxtts.data.sentences` already spells numbers out); `phonemes` is what
 the model reads, made by the same front end as training and synthesis (`phonemes.phonemize`, in
 the corpus's `language`), so the demo trains on phonemes without a preparation step.
@@ -45,6 +46,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from myxtts.data import espeak
+from myxtts.data.demo_voices import DEMO_VOICES, OTHER_VOICES, check_voices  # noqa: F401 (OTHER_VOICES: re-exported)
 from myxtts.data.manifest import MANIFEST_JSONL, Utterance, read_manifest, write_jsonl
 from myxtts.data.phoneme_timing import DEFAULT_HOP_LENGTH, TIMING_SUFFIX, PhonemeTiming, timing_path
 from myxtts.data.phonemes import check_language, phonemize
@@ -53,11 +55,6 @@ from myxtts.hardware.host import usable_cores
 from myxtts.progress import ProgressLine
 
 SAMPLE_RATE = espeak.SAMPLE_RATE
-# espeak voice variants that synthesize with the bundled data; each becomes one speaker.
-DEMO_VOICES = ("en-us", "en-us+f2", "en-us+f3", "en-us+m3", "en+m7")
-# Other American English variants that render every demo sentence within the duration window
-# (checked on 400 utterances): for a corpus of voices the demo model never heard.
-OTHER_VOICES = ("en-us+f1", "en-us+f4", "en-us+m1", "en-us+m2", "en-us+m5")
 # The front end's language for the manifest's phonemes (data.language's default).
 DEMO_LANGUAGE = "en-us"
 MIN_DURATION_S = 1.0
@@ -342,6 +339,7 @@ def make_demo_corpus(
     if _corpus_is_complete(out_dir, expected_stamp):
         return out_dir
     check_language(language, key="language")  # here, not once per worker
+    check_voices(voices, espeak.library().data_path)
 
     wav_dir = out_dir / "wavs"
     wav_dir.mkdir(parents=True, exist_ok=True)
