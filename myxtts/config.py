@@ -40,6 +40,7 @@ class ConfigError(ValueError):
 class DataConfig:
     train_data: str = ""
     val_data: str = ""
+    unseen_voices_data: str = ""
     val_fraction: float = 0.05
     text_frontend: Literal["phonemes", "characters"] = "phonemes"
     language: str = "en-us"
@@ -141,6 +142,7 @@ class TrainingConfig:
     lr_decay_fraction: float = 1.0
     log_samples: bool = True
     wer_sentences: int = 24
+    voice_sentences: int = 2
     init_from: str = ""
 
 
@@ -453,6 +455,8 @@ def validate(config: Config) -> None:
     if t.alignment_frames_per_iteration < 0:
         problems.append(f"training.alignment_frames_per_iteration must be >= 0 (0 = automatic), "
                         f"got {t.alignment_frames_per_iteration}")
+    if t.voice_sentences < 0:
+        problems.append(f"training.voice_sentences must be >= 0 (0 = off), got {t.voice_sentences}")
     if t.wer_sentences < 0:
         problems.append(f"training.wer_sentences must be >= 0 (0 = off), got {t.wer_sentences}")
     if t.gradient_accumulation_steps < 0:

@@ -85,7 +85,17 @@ def demo_corpus(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def trained_run(demo_corpus, tmp_path_factory):
+def unseen_voices_corpus(tmp_path_factory):
+    """Two voices the demo corpus does not use, five clips each (validation's unseen voices)."""
+    from myxtts.data.demo_corpus import OTHER_VOICES, make_demo_corpus
+
+    return build_once(tmp_path_factory, "unseen_voices",
+                      lambda folder: make_demo_corpus(folder, num_utterances=10, seed=5, voices=OTHER_VOICES[:2],
+                                                      progress=False))
+
+
+@pytest.fixture(scope="session")
+def trained_run(demo_corpus, unseen_voices_corpus, tmp_path_factory):
     def build(folder):
         import dataclasses
 
@@ -94,7 +104,9 @@ def trained_run(demo_corpus, tmp_path_factory):
         from myxtts.training.trainer import train
 
         keras.config.set_dtype_policy("float32")
-        result = train(tiny_config(demo_corpus, *TRAINED_RUN), folder / "run", echo=lambda message: None)
+        # Validation also speaks in two voices training never heard (evaluation/voices.py).
+        unseen = (f"data.unseen_voices_data={unseen_voices_corpus}", "training.voice_sentences=1")
+        result = train(tiny_config(demo_corpus, *TRAINED_RUN, *unseen), folder / "run", echo=lambda message: None)
         summary = {k: v for k, v in dataclasses.asdict(result).items() if k != "workdir"}
         (folder / "result.json").write_text(json.dumps(summary, default=float), encoding="utf-8")
 

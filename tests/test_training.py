@@ -206,6 +206,9 @@ def test_end_to_end_resume_and_no_recompilation(demo_corpus, trained_run, traine
     assert all(math.isfinite(r["loss"]) for r in straight.history)
     assert set(straight.validation) >= {"val_loss", "val_mel_loss", "val_align_loss", "val_duration_loss", "val_wer"}
     assert 0.0 <= straight.validation["val_wer"] <= 2.0  # measured by the recognizer (an untrained model: ~1)
+    # The two unseen voices, one sentence each, measured by the independent speaker encoder.
+    assert -1.0 <= straight.validation["val_speaker_similarity"] <= 1.0
+    assert straight.validation["val_speaker_identified"] in (0.0, 0.5, 1.0)
     for kind in ("latest", "best_mel", "best_wer"):
         assert list((tmp_path / "straight" / "checkpoints" / kind).glob("ckpt-*.index")), kind
     assert (tmp_path / "straight" / "vocab.txt").exists() and (tmp_path / "straight" / "config.yaml").exists()

@@ -11,7 +11,10 @@ an offline recognizer (pocketsphinx, with a language model of the corpus's own s
   and Griffin-Lim (the ceiling: what the recognizer makes of perfect features), per sentence too;
 - the length of each synthesis against its recording's (trimmed) length;
 - where the demo corpus's espeak-ng phoneme timings exist: how far the model's learned alignment
-  puts each phoneme's start from where espeak-ng started it (median and 90th percentile, ms).
+  puts each phoneme's start from where espeak-ng started it (median and 90th percentile, ms);
+- with --unseen-voices CORPUS (default: the run's data.unseen_voices_data): sentences spoken in
+  voices training never heard, from one clip of each, and how close they sound to those voices by
+  an independent speaker encoder (similarity and identification, beside the recordings' own).
 """
 
 from __future__ import annotations
@@ -33,6 +36,9 @@ def main(argv=None) -> int:
     parser.add_argument("--checkpoint", default=None, help="checkpoint prefix (default: the run's best_wer, else best_mel, else latest)")
     parser.add_argument("--sentences", type=int, default=0, help="measure only the first N validation sentences (default: all)")
     parser.add_argument("--json", default=None, help="also write the report to this JSON file")
+    parser.add_argument("--unseen-voices", default=None, metavar="CORPUS",
+                        help="a corpus of voices training never used (default: the run's data.unseen_voices_data)")
+    parser.add_argument("--voice-sentences", type=int, default=2, help="sentences spoken per unseen voice (default 2)")
     args = parser.parse_args(argv)
 
     import numpy as np
@@ -85,6 +91,23 @@ def main(argv=None) -> int:
     else:
         print("alignment: no clip has an espeak-ng timing file matching its phonemes (only the demo corpus has them)")
     report["alignment"] = aligned
+
+    unseen = args.unseen_voices if args.unseen_voices is not None else config.data.unseen_voices_data
+    if unseen:
+        import dataclasses
+
+        from myxtts.evaluation.voices import unseen_voices_for
+
+        voice_config = dataclasses.replace(
+            config, data=dataclasses.replace(config.data, unseen_voices_data=unseen),
+            training=dataclasses.replace(config.training, voice_sentences=args.voice_sentences))
+        voices = unseen_voices_for(voice_config, train_rows, synthesizer.vocabulary, print)
+        measured = voices.measure(network)
+        print(f"voices: {measured.summary()}")
+        report["unseen_voices"] = {"corpus": unseen, "voices": measured.voices, "sentences": measured.total,
+                                   "similarity": measured.similarity, "identified": measured.identified,
+                                   "recordings_similarity": measured.ceiling_similarity,
+                                   "recordings_identified": measured.ceiling_identified}
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     return 0

@@ -304,6 +304,8 @@ def console_echo(message: str) -> None:
 class SpeechCheck(keras.callbacks.Callback):
     """At each validation: speak the held-out sentences from their text alone and measure them.
 
+    With `voices` (data.unseen_voices_data), also speaks sentences in voices training never heard and
+    adds `val_speaker_similarity` and `val_speaker_identified` (a fraction; evaluation/voices.py).
     Adds `val_wer` (word error rate of the recognizer on them, `myxtts.evaluation`) to the epoch's
     logs, so it is printed, written to TensorBoard and keeps the `best_wer` checkpoint like the
     losses do; it must therefore come before those callbacks. With `samples_dir`, the first
@@ -311,9 +313,10 @@ class SpeechCheck(keras.callbacks.Callback):
     comparison). `scorer` None: samples only (a language the recognizer does not hear).
     """
 
-    def __init__(self, network, sentences, scorer, samples_dir: str | None, echo=print):
+    def __init__(self, network, sentences, scorer, samples_dir: str | None, echo=print, voices=None):
         super().__init__()
         self.network, self.sentences, self.scorer, self.echo = network, sentences, scorer, echo
+        self.voices = voices  # evaluation/voices.py's UnseenVoices, or None
         self.writer = tf.summary.create_file_writer(samples_dir) if samples_dir else None
         self._logged_recording = False
 
@@ -330,6 +333,11 @@ class SpeechCheck(keras.callbacks.Callback):
             first = report.mels[0]
         else:
             first = self.sentences.synthesize(self.network, limit=1)[0]
+        if self.voices is not None:
+            voices = self.voices.measure(self.network)
+            logs["val_speaker_similarity"] = voices.similarity
+            logs["val_speaker_identified"] = voices.identified / voices.total
+            self.echo(f"{voices.summary()} ({voices.seconds:.0f} s)")
         if self.writer is not None:
             self._log_sample(optimizer_step(self.model), first)
 

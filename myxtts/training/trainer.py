@@ -294,10 +294,11 @@ def _speech_check(config: Config, network, train_rows, val_rows, vocabulary, wor
     to do): `training.wer_sentences` of them measured by the recognizer, the first one logged to
     TensorBoard with `training.log_samples`."""
     t = config.training
-    if not val_rows or not (t.wer_sentences or t.log_samples):
+    if not val_rows or not (t.wer_sentences or t.log_samples or (config.data.unseen_voices_data and t.voice_sentences)):
         return None
     from myxtts.evaluation.intelligibility import IntelligibilityScorer, skip_reason
     from myxtts.evaluation.speech import HeldOutSentences
+    from myxtts.evaluation.voices import unseen_voices_for
 
     scorer = None
     if t.wer_sentences:
@@ -309,7 +310,8 @@ def _speech_check(config: Config, network, train_rows, val_rows, vocabulary, wor
             scorer = IntelligibilityScorer([u.text for u in train_rows + val_rows], config.data.language)
     sentences = HeldOutSentences.from_rows(val_rows, train_rows, vocabulary, config, limit=t.wer_sentences or 1)
     samples_dir = str(workdir / "logs" / "samples") if t.log_samples else None
-    return SpeechCheck(network, sentences, scorer, samples_dir, echo)
+    return SpeechCheck(network, sentences, scorer, samples_dir, echo,
+                       voices=unseen_voices_for(config, train_rows, vocabulary, echo))
 
 
 def build_training_model(config: Config, vocab_size: int, policy: str, sample_batch: dict,

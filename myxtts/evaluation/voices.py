@@ -1,0 +1,145 @@
+"""Voices training never heard: does the model speak in a new voice from one clip of it?
+
+    voices = UnseenVoices.from_rows(unseen_rows, train_rows, vocabulary, config)   # once
+    report = voices.measure(network)                                              # at each validation
+    report.similarity, report.identified, report.ceiling_similarity
+
+For each voice of a corpus that no training row uses (`data.unseen_voices_data`, e.g. the demo
+corpus builder's `--voices heldout`), in its rows' order: the first clip is the reference, the next
+`sentences_per_voice` are the sentences the model speaks from their text in that voice (as
+`utilities/synthesize.py --reference` would), and the rest are what the voice is: their speaker
+embedding, averaged, is the voice's centroid. Embeddings come from `speaker.py`, an encoder
+independent of the model being trained.
+
+- similarity: cosine between each synthesized sentence and its voice's centroid, averaged;
+- identified: how many synthesized sentences are nearest their own voice's centroid among all the
+  unseen voices;
+- the ceiling: the same two for the recordings of the very sentences spoken, sent through the same
+  Griffin-Lim as the model's output, so that the vocoder costs both sides alike.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+
+import numpy as np
+import tensorflow as tf
+
+from myxtts.data.manifest import Utterance, read_manifest
+from myxtts.data.phonemes import model_texts, needs_phonemes, phonemize_utterances
+from myxtts.data.pipeline import reference_log_mel
+from myxtts.data.text import PAD_ID, Vocabulary
+from myxtts.evaluation.speaker import SpeakerEncoder, cosine_similarity, identify
+from myxtts.evaluation.speech import HeldOutSentences, _trimmed, _waveform
+
+# A centroid from fewer recordings than this is mostly the words, not the voice.
+MIN_CENTROID_CLIPS = 2
+
+
+@dataclass
+class VoicesReport:
+    similarity: float  # mean cosine of the synthesized sentences to their voice's centroid
+    identified: int  # synthesized sentences nearest their own voice among the unseen voices
+    total: int
+    ceiling_similarity: float  # the same for the recordings of those sentences through Griffin-Lim
+    ceiling_identified: int
+    voices: int
+    seconds: float = 0.0
+
+    @property
+    def relative_similarity(self) -> float:
+        return self.similarity / self.ceiling_similarity if self.ceiling_similarity > 0 else 0.0
+
+    def summary(self) -> str:
+        return (f"{self.voices} voices training never heard, {self.total} sentences: speaker similarity "
+                f"{self.similarity:.3f} ({self.relative_similarity:.0%} of the recordings' {self.ceiling_similarity:.3f}), "
+                f"identified {self.identified}/{self.total} (recordings {self.ceiling_identified}/{self.total})")
+
+
+class UnseenVoices:
+    """References, sentences and centroids of the unseen voices: built once, measured at each validation."""
+
+    def __init__(self, sentences: HeldOutSentences, speakers: list[str], centroids: dict[str, np.ndarray],
+                 ceiling: tuple[float, int], encoder: SpeakerEncoder):
+        self.sentences, self.speakers, self.centroids, self.encoder = sentences, speakers, centroids, encoder
+        self.ceiling_similarity, self.ceiling_identified = ceiling
+
+    @classmethod
+    def from_rows(cls, rows: list[Utterance], train_rows: list[Utterance], vocabulary: Vocabulary, config,
+                  sentences_per_voice: int = 2, encoder: SpeakerEncoder | None = None) -> "UnseenVoices":
+        d = config.data
+        heard = {u.speaker for u in train_rows}
+        by_voice: dict[str, list[Utterance]] = defaultdict(list)
+        for u in rows:
+            by_voice[u.speaker].append(u)
+        overlap = sorted(set(by_voice) & heard)
+        if overlap:
+            raise ValueError(f"data.unseen_voices_data has voices that training uses: {', '.join(overlap)}; "
+                             "build it from other voices (utilities/make_demo_corpus.py --voices heldout)")
+        needed = 1 + sentences_per_voice + MIN_CENTROID_CLIPS
+        short = sorted(v for v, clips in by_voice.items() if len(clips) < needed)
+        if short:
+            raise ValueError(f"data.unseen_voices_data: voices {', '.join(short)} have fewer than {needed} clips "
+                             f"(1 reference, {sentences_per_voice} sentences, {MIN_CENTROID_CLIPS} for the voice)")
+        if len(by_voice) < 2:
+            raise ValueError("data.unseen_voices_data needs at least two voices (identification picks among them)")
+        encoder = encoder or SpeakerEncoder()
+        speakers, spoken, references, centroids = [], [], [], {}
+        for voice in sorted(by_voice):
+            clips = by_voice[voice]
+            references += [clips[0].audio_path] * sentences_per_voice
+            spoken += clips[1:1 + sentences_per_voice]
+            speakers += [voice] * sentences_per_voice
+            rest = [_recording(u.audio_path, d) for u in clips[1 + sentences_per_voice:]]
+            centroids[voice] = encoder.embed_speaker(rest, d.sample_rate)
+        ids = [vocabulary.encode(text, d.text_frontend) for text in model_texts(spoken, d.text_frontend)]
+        tokens = np.full((len(ids), max(map(len, ids))), PAD_ID, np.int32)
+        for i, row in enumerate(ids):
+            tokens[i, : len(row)] = row
+        mels, lengths = zip(*(reference_log_mel(tf.constant(path), d) for path in references))
+        recorded = [d.frames_for_samples(len(_recording(u.audio_path, d))) for u in spoken]
+        sentences = HeldOutSentences([u.text for u in spoken], [u.audio_path for u in spoken], tokens,
+                                     tf.stack(mels), tf.stack(lengths), recorded, d)
+        # The ceiling: the recordings of the spoken sentences, through the same Griffin-Lim.
+        recordings = [_waveform(sentences.recording_mel(i), d) for i in range(len(spoken))]
+        ceiling = _score(encoder, recordings, speakers, centroids, d.sample_rate)
+        return cls(sentences, speakers, centroids, ceiling, encoder)
+
+    def measure(self, network) -> VoicesReport:
+        start = time.perf_counter()
+        d = self.sentences.data_config
+        waveforms = [_waveform(mel, d) for mel in self.sentences.synthesize(network)]
+        similarity, identified = _score(self.encoder, waveforms, self.speakers, self.centroids, d.sample_rate)
+        return VoicesReport(similarity, identified, len(waveforms), self.ceiling_similarity, self.ceiling_identified,
+                            len(self.centroids), time.perf_counter() - start)
+
+
+def unseen_voices_for(config, train_rows, vocabulary, echo=print) -> "UnseenVoices | None":
+    """`data.unseen_voices_data` ready to measure at each validation (evaluation/voices.py), or None."""
+    d, t = config.data, config.training
+    if not d.unseen_voices_data or not t.voice_sentences:
+        return None
+    rows = read_manifest(d.unseen_voices_data)
+    if d.text_frontend == "phonemes" and any(needs_phonemes(u, d.language) for u in rows):
+        rows = phonemize_utterances(rows, d.language, write_cache=False)
+    voices = UnseenVoices.from_rows(rows, train_rows, vocabulary, config, sentences_per_voice=t.voice_sentences)
+    echo(f"unseen voices: {len(voices.centroids)} from {d.unseen_voices_data}; their recordings through Griffin-Lim "
+         f"score speaker similarity {voices.ceiling_similarity:.3f}, identified {voices.ceiling_identified}/"
+         f"{len(voices.speakers)} (the ceiling of val_speaker_similarity / val_speaker_identified)")
+    return voices
+
+
+def _recording(path: str, d) -> np.ndarray:
+    return _trimmed(path, d)[0].numpy()
+
+
+def _score(encoder: SpeakerEncoder, waveforms, speakers, centroids, sample_rate) -> tuple[float, int]:
+    embeddings = encoder.embed_many(waveforms, sample_rate)
+    similarity = float(np.mean([cosine_similarity(e, centroids[s]) for e, s in zip(embeddings, speakers)]))
+    identified = sum(identify(e, centroids) == s for e, s in zip(embeddings, speakers))
+    return similarity, int(identified)
+
+
+
