@@ -143,6 +143,7 @@ class TrainingConfig:
     log_samples: bool = True
     wer_sentences: int = 24
     voice_sentences: int = 2
+    speaker_loss_weight: float = 0.0
     init_from: str = ""
 
 
@@ -455,6 +456,8 @@ def validate(config: Config) -> None:
     if t.alignment_frames_per_iteration < 0:
         problems.append(f"training.alignment_frames_per_iteration must be >= 0 (0 = automatic), "
                         f"got {t.alignment_frames_per_iteration}")
+    if t.speaker_loss_weight < 0:
+        problems.append(f"training.speaker_loss_weight must be >= 0 (0 = off), got {t.speaker_loss_weight}")
     if t.voice_sentences < 0:
         problems.append(f"training.voice_sentences must be >= 0 (0 = off), got {t.voice_sentences}")
     if t.wer_sentences < 0:

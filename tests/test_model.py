@@ -293,6 +293,41 @@ def test_every_part_learns_from_its_own_loss(model):
     assert reached(gradients("mel_loss", model.conditioning_encoder)) and reached(gradients("mel_loss", model.text_embedding))
 
 
+def test_the_speaker_loss_rewards_a_reference_that_matches_its_clips_voice():
+    # InfoNCE over the batch: matched voices score low, the same voices paired wrongly score high,
+    # one clip alone has nothing to contrast (loss 0); against a direct formula for two clips.
+    rng = np.random.default_rng(3)
+    voices = tf.constant(rng.normal(size=(4, 8)).astype(np.float32))
+    matched = losses_lib.speaker_loss(voices, voices)
+    shuffled = losses_lib.speaker_loss(voices, tf.roll(voices, 1, axis=0))
+    assert float(tf.reduce_max(matched)) < float(tf.reduce_min(shuffled))
+    assert float(losses_lib.speaker_loss(voices[:1], voices[:1])[0]) == pytest.approx(0.0, abs=1e-6)
+    a, b = voices[:2].numpy(), voices[2:].numpy()
+    a, b = a / np.linalg.norm(a, axis=1, keepdims=True), b / np.linalg.norm(b, axis=1, keepdims=True)
+    logits = a @ b.T / losses_lib.SPEAKER_TEMPERATURE
+    rows = -np.log(np.exp(logits[0, 0]) / np.exp(logits[0]).sum())
+    columns = -np.log(np.exp(logits[0, 0]) / np.exp(logits[:, 0]).sum())
+    assert float(losses_lib.speaker_loss(voices[:2], voices[2:])[0]) == pytest.approx(0.5 * (rows + columns), rel=1e-5)
+
+
+def test_a_speaker_weight_trains_the_conditioning_encoder_on_both_clips():
+    keras.utils.set_random_seed(0)
+    network = XTTS(vocab_size=VOCAB, n_mels=N_MELS, size="tiny", speaker_loss_weight=0.5, reference_frames=16)
+    batch = make_batch()
+    network(batch)
+    with tf.GradientTape() as tape:
+        outputs = network(batch, training=True)
+        losses = compute_losses(batch, outputs, speaker_weight=0.5)
+    assert outputs["voice"].shape == outputs["clip_voice"].shape == (2, network.spec.d_model)
+    assert float(losses["loss"]) == pytest.approx(float(losses["mel_loss"] + losses["align_loss"]
+                                                        + 0.1 * losses["duration_loss"] + 0.5 * losses["speaker_loss"]), rel=1e-5)
+    gradients = tape.gradient(losses["speaker_loss"], network.conditioning_encoder.trainable_variables)
+    assert all(g is not None for g in gradients) and float(tf.linalg.global_norm(gradients)) > 0
+    # Off (the default), nothing changes: no voices in the outputs, no speaker_loss.
+    assert "clip_voice" not in tiny_model()(batch, training=True)
+    assert "speaker_loss" not in compute_losses(batch, tiny_model()(batch, training=True))
+
+
 def test_different_references_give_different_outputs_and_voices_average(model):
     batch = make_batch()
     other = {**batch, "reference_mel": make_batch(seed=5)["reference_mel"]}

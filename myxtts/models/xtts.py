@@ -43,7 +43,8 @@ class XTTS(keras.Model):
     """The network. `size` names a row of `MODEL_SIZES`; the vocabulary and mel bands come from the data."""
 
     def __init__(self, vocab_size: int, n_mels: int, size: str = "small", gradient_checkpointing: bool = False,
-                 decoder_window: int = 0, silent_token: int = -1, alignment_frames_per_iteration: int = 0, **kwargs):
+                 decoder_window: int = 0, silent_token: int = -1, alignment_frames_per_iteration: int = 0,
+                 speaker_loss_weight: float = 0.0, reference_frames: int = 0, **kwargs):
         super().__init__(**kwargs)
         spec = get_size(size)
         self.vocab_size = vocab_size
@@ -69,6 +70,11 @@ class XTTS(keras.Model):
         # for the step it compiles. Not part of get_config: it is how to run the model, not the model.
         self.alignment_frames_per_iteration = alignment_frames_per_iteration
         self.alignment_loops = alignment.DEFAULT_LOOPS
+        # A speaker objective for the conditioning encoder (losses.speaker_loss; 0 = off): the voice of
+        # each clip's reference against the voice of the clip's own first `reference_frames` frames.
+        # A training setting, like the decoder window: not part of get_config.
+        self.speaker_loss_weight = speaker_loss_weight
+        self.reference_frames = reference_frames
         d = spec.d_model
 
         self.conditioning_encoder = ConditioningEncoder(
@@ -128,7 +134,7 @@ class XTTS(keras.Model):
         target, target_length = batch["mel"], batch["mel_length"]
         if training and self.decoder_window:
             index, target, target_length = self._window(index, target, target_length)
-        return {
+        outputs = {
             "mel": self.decode_frames(text, index, target_length, training=training),
             "mel_target": target,
             "mel_target_length": target_length,
@@ -137,6 +143,13 @@ class XTTS(keras.Model):
             "durations": durations,
             "log_durations": self.predict_log_durations(text, batch["text_length"], training=training),
         }
+        if self.speaker_loss_weight > 0:
+            # The clip's own voice, from its opening frames (as long as a reference clip at most).
+            frames = self.reference_frames or tf.shape(batch["reference_mel"])[1]
+            clip = batch["mel"][:, :frames]
+            outputs["voice"] = voice
+            outputs["clip_voice"] = self.voice(clip, tf.minimum(batch["mel_length"], tf.shape(clip)[1]), training=training)
+        return outputs
 
     def voice(self, reference_mel, reference_length, training=False, average=False):
         """The voice vector [B, d] of reference clips [B, R, n_mels] (valid up to `reference_length`).
@@ -241,4 +254,5 @@ def network_for(config, vocab_size: int, silent_token: int = -1) -> XTTS:
     return XTTS(vocab_size=vocab_size, n_mels=config.data.n_mels, size=config.model.size,
                 gradient_checkpointing=config.training.gradient_checkpointing,
                 decoder_window=config.training.decoder_window, silent_token=silent_token,
-                alignment_frames_per_iteration=config.training.alignment_frames_per_iteration)
+                alignment_frames_per_iteration=config.training.alignment_frames_per_iteration,
+                speaker_loss_weight=config.training.speaker_loss_weight, reference_frames=config.data.reference_frames)

@@ -20,7 +20,7 @@ import tensorflow as tf
 from myxtts import compat
 from myxtts.data.pipeline import mel_from_audio
 from myxtts.models.alignment import AlignmentLoops
-from myxtts.models.losses import LOSS_NAMES, compute_losses
+from myxtts.models.losses import LOSS_NAMES, SPEAKER_LOSS, compute_losses
 from myxtts.training.distribute import all_reduce_mean, reducible_logs
 
 
@@ -45,8 +45,10 @@ class TrainingModel(keras.Model):
         compat.check_versions()  # it overrides a private Keras method (`_maybe_symbolic_build`)
         super().__init__(**kwargs)
         self.network = network
+        self.speaker_weight = float(getattr(network, "speaker_loss_weight", 0.0))
         self.data_config = data_config  # needed only with data.mel_on_device (waveform batches)
-        self.loss_trackers = {name: keras.metrics.Mean(name=name) for name in LOSS_NAMES}
+        names = LOSS_NAMES + ((SPEAKER_LOSS,) if self.speaker_weight > 0 else ())
+        self.loss_trackers = {name: keras.metrics.Mean(name=name) for name in names}
         # Steps whose loss or gradients were not finite, in a row (reset by a good step). int64, as
         # Keras' own counters: TensorFlow keeps int32 variables in host memory, and an XLA step on a
         # GPU cannot read them (it crashed on an H100: see GPU_RESIDENT_DTYPES).
@@ -70,7 +72,7 @@ class TrainingModel(keras.Model):
         batch = self.with_mel(batch)
         with tf.GradientTape() as tape:
             outputs = self.network(batch, training=True)
-            losses = compute_losses(batch, outputs, loops=self.network.alignment_loops)
+            losses = compute_losses(batch, outputs, loops=self.network.alignment_loops, speaker_weight=self.speaker_weight)
             scaled_loss = self.optimizer.scale_loss(losses["loss"])
         variables = self.network.trainable_variables
         # Embedding gradients arrive as IndexedSlices, which Keras' gradient accumulation sums
@@ -112,7 +114,7 @@ class TrainingModel(keras.Model):
         # scalar, Keras' Mean counts +1 without reading the batch, so evaluate's final, exhausted
         # get_next still counted one batch more on datasets of unknown length: measured.)
         losses = compute_losses(batch, self.network(batch, training=False), per_example=True,
-                                loops=self.network.alignment_loops)
+                                loops=self.network.alignment_loops, speaker_weight=self.speaker_weight)
         for name, tracker in self.loss_trackers.items():
             tracker.update_state(losses[name])
         return reducible_logs({name: tracker.result() for name, tracker in self.loss_trackers.items()})
