@@ -70,7 +70,14 @@ class HeldOutSentences:
         if not rows:
             raise ValueError("no held-out sentences to measure")
         pool = rows + [u for u in train_rows if u.speaker in {r.speaker for r in rows}]
-        references = assign_references(pool, config.seed)[: len(rows)]
+        return cls.with_references(rows, assign_references(pool, config.seed)[: len(rows)], vocabulary, config)
+
+    @classmethod
+    def with_references(cls, rows: list[Utterance], references: list[str], vocabulary: Vocabulary,
+                        config) -> "HeldOutSentences":
+        """`rows` (phonemized when the front end needs it), each spoken in the voice of the clip at the
+        same place in `references`."""
+        d = config.data
         ids = [vocabulary.encode(text, d.text_frontend) for text in model_texts(rows, d.text_frontend)]
         tokens = np.full((len(ids), max(map(len, ids))), PAD_ID, np.int32)
         for i, row in enumerate(ids):

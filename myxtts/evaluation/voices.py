@@ -25,12 +25,10 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 import numpy as np
-import tensorflow as tf
 
 from myxtts.data.manifest import Utterance, read_manifest
-from myxtts.data.phonemes import model_texts, needs_phonemes, phonemize_utterances
-from myxtts.data.pipeline import reference_log_mel
-from myxtts.data.text import PAD_ID, Vocabulary
+from myxtts.data.phonemes import needs_phonemes, phonemize_utterances
+from myxtts.data.text import Vocabulary
 from myxtts.evaluation.speaker import SpeakerEncoder, cosine_similarity, identify
 from myxtts.evaluation.speech import HeldOutSentences, _trimmed, _waveform
 
@@ -94,14 +92,7 @@ class UnseenVoices:
             speakers += [voice] * sentences_per_voice
             rest = [_recording(u.audio_path, d) for u in clips[1 + sentences_per_voice:]]
             centroids[voice] = encoder.embed_speaker(rest, d.sample_rate)
-        ids = [vocabulary.encode(text, d.text_frontend) for text in model_texts(spoken, d.text_frontend)]
-        tokens = np.full((len(ids), max(map(len, ids))), PAD_ID, np.int32)
-        for i, row in enumerate(ids):
-            tokens[i, : len(row)] = row
-        mels, lengths = zip(*(reference_log_mel(tf.constant(path), d) for path in references))
-        recorded = [d.frames_for_samples(len(_recording(u.audio_path, d))) for u in spoken]
-        sentences = HeldOutSentences([u.text for u in spoken], [u.audio_path for u in spoken], tokens,
-                                     tf.stack(mels), tf.stack(lengths), recorded, d)
+        sentences = HeldOutSentences.with_references(spoken, references, vocabulary, config)
         # The ceiling: the recordings of the spoken sentences, through the same Griffin-Lim.
         recordings = [_waveform(sentences.recording_mel(i), d) for i in range(len(spoken))]
         ceiling = _score(encoder, recordings, speakers, centroids, d.sample_rate)
