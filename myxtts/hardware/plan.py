@@ -15,8 +15,9 @@ Rules, in one place:
 - TF32 on from CC 8.0. XLA on a GPU where the run is long enough to pay back its compiles: measured on
   an H100 (small model, bf16, batch 16), XLA compiled the train step for 106-160 s per batch shape and
   then ran it in 38 ms at the longest bucket (1,040 frames), against 94-101 ms at 520 frames in graph
-  mode with the alignment's loops compiled alone, whose shapes compile in seconds: at least 56 ms saved. So XLA is chosen when the run's micro-batch steps exceed
-  `XLA_PAYBACK_STEPS_PER_SHAPE` per compiled shape (train and validation buckets); the 1,400-step demo
+  mode with the alignment's loops compiled alone, whose shapes compile in seconds: at least 56 ms
+  saved. So XLA is chosen when the run's micro-batch steps exceed `XLA_PAYBACK_STEPS_PER_SHAPE` per
+  compiled shape (train and validation buckets); the 1,400-step demo
   stays in graph mode (406 s on the H100; with XLA it had done 2 steps after 428 s). A run whose length
   is unknown (the hardware report) is taken as long.
 - Batch prior: a per-GPU batch for the `base` model (~100M parameters) looked up from the GPU's free
