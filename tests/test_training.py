@@ -283,7 +283,16 @@ def _check_free_running_report(run_dir, tmp_path):
     assert 0.0 <= report["recordings_wer"] < report["wer"] <= 2.0  # 6 tiny updates do not speak yet
     # The demo corpus has espeak-ng's timings: the learned alignment is measured against them.
     assert report["alignment"]["clips"] >= 1 and report["alignment"]["median_ms"] >= 0, report["alignment"]
+    # The run's two unseen voices, two sentences each: each voice's own similarity, and their mean.
+    voices = report["unseen_voices"]
+    assert voices["sentences"] == 4 and len(voices["per_voice"]) == 2 and voices["heard"] == []
+    assert np.mean(list(voices["per_voice"].values())) == pytest.approx(voices["similarity"], abs=1e-6)
     assert free_running_check.main(["--run", str(tmp_path / "no_such_run")]) == 2
+    # The training corpus's own voices are refused as "unseen" unless asked for with --heard-voices.
+    corpus = config_lib.load_run_config(run_dir / "config.yaml").data.train_data
+    with contextlib.redirect_stderr(printed):
+        assert free_running_check.main(["--run", str(run_dir), "--sentences", "1", "--unseen-voices", corpus]) == 2
+    assert "voices that training uses" in printed.getvalue() and "--heard-voices" in printed.getvalue()
 
 
 def _checkpoint_tensors(workdir):

@@ -9,7 +9,7 @@ import pytest
 from myxtts.config import load_config
 from myxtts.data.manifest import read_manifest
 from myxtts.data.text import Vocabulary
-from myxtts.evaluation.voices import UnseenVoices
+from myxtts.evaluation.voices import UnseenVoices, VoicesReport
 
 
 def _vocabulary(rows, config):
@@ -25,6 +25,10 @@ def test_voices_that_training_uses_or_that_have_too_few_clips_are_refused(unseen
     heard = [dataclasses.replace(rows[0], audio_path="/elsewhere/a.wav")]  # a training row in an unseen voice
     with pytest.raises(ValueError, match=f"voices that training uses: {rows[0].speaker}"):
         UnseenVoices.from_rows(rows, heard, vocabulary, config)
+    # Asked for (a fine-tuned voice, free_running_check.py --heard-voices): measured, and the report names it.
+    measured = UnseenVoices.from_rows(rows, heard, vocabulary, config, sentences_per_voice=1, heard_ok=True)
+    assert measured.heard == (rows[0].speaker,) and len(measured.centroids) == 2
+    assert "2 voices (1 of them heard in training: a)" in VoicesReport(0.8, 1, 2, 0.9, 2, 2, heard=("a",)).summary()
     # Five clips per voice: 1 reference + 3 sentences leaves 1 recording for the voice, too few.
     with pytest.raises(ValueError, match="fewer than 6 clips"):
         UnseenVoices.from_rows(rows, [], vocabulary, config, sentences_per_voice=3)

@@ -14,7 +14,9 @@ an offline recognizer (pocketsphinx, with a language model of the corpus's own s
   puts each phoneme's start from where espeak-ng started it (median and 90th percentile, ms);
 - with --unseen-voices CORPUS (default: the run's data.unseen_voices_data): sentences spoken in
   voices training never heard, from one clip of each, and how close they sound to those voices by
-  an independent speaker encoder (similarity and identification, beside the recordings' own).
+  an independent speaker encoder (similarity and identification, beside the recordings' own);
+  with --heard-voices, a corpus whose voices training used is measured too (new sentences in them:
+  a voice learned by fine-tuning, or training voices as what the decoder renders at best).
 """
 
 from __future__ import annotations
@@ -39,6 +41,9 @@ def main(argv=None) -> int:
     parser.add_argument("--unseen-voices", default=None, metavar="CORPUS",
                         help="a corpus of voices training never used (default: the run's data.unseen_voices_data)")
     parser.add_argument("--voice-sentences", type=int, default=2, help="sentences spoken per unseen voice (default 2)")
+    parser.add_argument("--heard-voices", action="store_true",
+                        help="measure --unseen-voices even where training used its voices (a fine-tuned voice; "
+                             "training voices as the decoder's best)")
     args = parser.parse_args(argv)
 
     import numpy as np
@@ -101,13 +106,19 @@ def main(argv=None) -> int:
         voice_config = dataclasses.replace(
             config, data=dataclasses.replace(config.data, unseen_voices_data=unseen),
             training=dataclasses.replace(config.training, voice_sentences=args.voice_sentences))
-        voices = unseen_voices_for(voice_config, train_rows, synthesizer.vocabulary, print)
+        try:
+            voices = unseen_voices_for(voice_config, train_rows, synthesizer.vocabulary, print, heard_ok=args.heard_voices)
+        except ValueError as error:
+            print(f"error: {error}", file=sys.stderr)
+            return 2
         measured = voices.measure(network)
         print(f"voices: {measured.summary()}")
+        print("  per voice: " + ", ".join(f"{voice} {value:.3f}" for voice, value in sorted(measured.per_voice.items())))
         report["unseen_voices"] = {"corpus": unseen, "voices": measured.voices, "sentences": measured.total,
                                    "similarity": measured.similarity, "identified": measured.identified,
                                    "recordings_similarity": measured.ceiling_similarity,
-                                   "recordings_identified": measured.ceiling_identified}
+                                   "recordings_identified": measured.ceiling_identified, "heard": list(measured.heard),
+                                   "per_voice": measured.per_voice}
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     return 0

@@ -11,6 +11,10 @@ corpus builder's `--voices heldout`), in its rows' order: the first clip is the 
 embedding, averaged, is the voice's centroid. Embeddings come from `speaker.py`, an encoder
 independent of the model being trained.
 
+`heard_ok=True` (free_running_check.py --heard-voices) measures a corpus whose voices training did use
+the same way, with new sentences: the fine-tuning route (one voice learned from a few minutes of
+it), or training voices as the measure of what the decoder renders at best.
+
 - similarity: cosine between each synthesized sentence and its voice's centroid, averaged;
 - identified: how many synthesized sentences are nearest their own voice's centroid among all the
   unseen voices;
@@ -22,7 +26,7 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -45,13 +49,17 @@ class VoicesReport:
     ceiling_identified: int
     voices: int
     seconds: float = 0.0
+    heard: tuple[str, ...] = ()  # voices of the corpus that training used (only with heard_ok)
+    per_voice: dict[str, float] = field(default_factory=dict)  # each voice's mean similarity
 
     @property
     def relative_similarity(self) -> float:
         return self.similarity / self.ceiling_similarity if self.ceiling_similarity > 0 else 0.0
 
     def summary(self) -> str:
-        return (f"{self.voices} voices training never heard, {self.total} sentences: speaker similarity "
+        which = (f"{self.voices} voices ({len(self.heard)} of them heard in training: {', '.join(self.heard)})"
+                 if self.heard else f"{self.voices} voices training never heard")
+        return (f"{which}, {self.total} sentences: speaker similarity "
                 f"{self.similarity:.3f} ({self.relative_similarity:.0%} of the recordings' {self.ceiling_similarity:.3f}), "
                 f"identified {self.identified}/{self.total} (recordings {self.ceiling_identified}/{self.total})")
 
@@ -60,22 +68,25 @@ class UnseenVoices:
     """References, sentences and centroids of the unseen voices: built once, measured at each validation."""
 
     def __init__(self, sentences: HeldOutSentences, speakers: list[str], centroids: dict[str, np.ndarray],
-                 ceiling: tuple[float, int], encoder: SpeakerEncoder):
+                 ceiling: tuple[float, int], encoder: SpeakerEncoder, heard: tuple[str, ...] = ()):
         self.sentences, self.speakers, self.centroids, self.encoder = sentences, speakers, centroids, encoder
         self.ceiling_similarity, self.ceiling_identified = ceiling
+        self.heard = heard
 
     @classmethod
     def from_rows(cls, rows: list[Utterance], train_rows: list[Utterance], vocabulary: Vocabulary, config,
-                  sentences_per_voice: int = 2, encoder: SpeakerEncoder | None = None) -> "UnseenVoices":
+                  sentences_per_voice: int = 2, encoder: SpeakerEncoder | None = None,
+                  heard_ok: bool = False) -> "UnseenVoices":
         d = config.data
         heard = {u.speaker for u in train_rows}
         by_voice: dict[str, list[Utterance]] = defaultdict(list)
         for u in rows:
             by_voice[u.speaker].append(u)
         overlap = sorted(set(by_voice) & heard)
-        if overlap:
+        if overlap and not heard_ok:
             raise ValueError(f"data.unseen_voices_data has voices that training uses: {', '.join(overlap)}; "
-                             "build it from other voices (utilities/make_demo_corpus.py --voices heldout)")
+                             "build it from other voices (utilities/make_demo_corpus.py --voices heldout), or measure "
+                             "them as voices it heard (utilities/free_running_check.py --heard-voices)")
         needed = 1 + sentences_per_voice + MIN_CENTROID_CLIPS
         short = sorted(v for v, clips in by_voice.items() if len(clips) < needed)
         if short:
@@ -95,19 +106,24 @@ class UnseenVoices:
         sentences = HeldOutSentences.with_references(spoken, references, vocabulary, config)
         # The ceiling: the recordings of the spoken sentences, through the same Griffin-Lim.
         recordings = [_waveform(sentences.recording_mel(i), d) for i in range(len(spoken))]
-        ceiling = _score(encoder, recordings, speakers, centroids, d.sample_rate)
-        return cls(sentences, speakers, centroids, ceiling, encoder)
+        ceiling = _totals(_score(encoder, recordings, speakers, centroids, d.sample_rate))
+        return cls(sentences, speakers, centroids, ceiling, encoder, tuple(overlap))
 
     def measure(self, network) -> VoicesReport:
         start = time.perf_counter()
         d = self.sentences.data_config
         waveforms = [_waveform(mel, d) for mel in self.sentences.synthesize(network)]
-        similarity, identified = _score(self.encoder, waveforms, self.speakers, self.centroids, d.sample_rate)
+        scores = _score(self.encoder, waveforms, self.speakers, self.centroids, d.sample_rate)
+        similarity, identified = _totals(scores)
+        by_voice = defaultdict(list)
+        for speaker, (cosine, _) in zip(self.speakers, scores):
+            by_voice[speaker].append(cosine)
         return VoicesReport(similarity, identified, len(waveforms), self.ceiling_similarity, self.ceiling_identified,
-                            len(self.centroids), time.perf_counter() - start)
+                            len(self.centroids), time.perf_counter() - start, self.heard,
+                            {voice: float(np.mean(cosines)) for voice, cosines in by_voice.items()})
 
 
-def unseen_voices_for(config, train_rows, vocabulary, echo=print) -> "UnseenVoices | None":
+def unseen_voices_for(config, train_rows, vocabulary, echo=print, heard_ok: bool = False) -> "UnseenVoices | None":
     """`data.unseen_voices_data` ready to measure at each validation (evaluation/voices.py), or None."""
     d, t = config.data, config.training
     if not d.unseen_voices_data or not t.voice_sentences:
@@ -115,7 +131,8 @@ def unseen_voices_for(config, train_rows, vocabulary, echo=print) -> "UnseenVoic
     rows = read_manifest(d.unseen_voices_data)
     if d.text_frontend == "phonemes" and any(needs_phonemes(u, d.language) for u in rows):
         rows = phonemize_utterances(rows, d.language, write_cache=False)
-    voices = UnseenVoices.from_rows(rows, train_rows, vocabulary, config, sentences_per_voice=t.voice_sentences)
+    voices = UnseenVoices.from_rows(rows, train_rows, vocabulary, config, sentences_per_voice=t.voice_sentences,
+                                    heard_ok=heard_ok)
     echo(f"unseen voices: {len(voices.centroids)} from {d.unseen_voices_data}; their recordings through Griffin-Lim "
          f"score speaker similarity {voices.ceiling_similarity:.3f}, identified {voices.ceiling_identified}/"
          f"{len(voices.speakers)} (the ceiling of val_speaker_similarity / val_speaker_identified)")
@@ -126,11 +143,14 @@ def _recording(path: str, d) -> np.ndarray:
     return _trimmed(path, d)[0].numpy()
 
 
-def _score(encoder: SpeakerEncoder, waveforms, speakers, centroids, sample_rate) -> tuple[float, int]:
+def _score(encoder: SpeakerEncoder, waveforms, speakers, centroids, sample_rate) -> list[tuple[float, bool]]:
+    """Per waveform: (cosine to its voice's centroid, whether its voice is the nearest centroid)."""
     embeddings = encoder.embed_many(waveforms, sample_rate)
-    similarity = float(np.mean([cosine_similarity(e, centroids[s]) for e, s in zip(embeddings, speakers)]))
-    identified = sum(identify(e, centroids) == s for e, s in zip(embeddings, speakers))
-    return similarity, int(identified)
+    return [(float(cosine_similarity(e, centroids[s])), identify(e, centroids) == s) for e, s in zip(embeddings, speakers)]
+
+
+def _totals(scores) -> tuple[float, int]:
+    return float(np.mean([cosine for cosine, _ in scores])), int(sum(named for _, named in scores))
 
 
 
