@@ -5,6 +5,7 @@ only as good as what espeak-ng does with them.
 """
 
 import json
+import os
 import re
 from pathlib import Path
 
@@ -27,6 +28,8 @@ from myxtts.data.demo_voices import (
     OTHER_VOICES,
     VOICE_SETS,
     check_voices,
+    random_variant,
+    random_voices,
     variant_folder,
 )
 from myxtts.data.phoneme_timing import read_timing, timing_path
@@ -105,3 +108,23 @@ def test_the_cli_names_and_documents_the_sets(capsys):
     for name, voices in VOICE_SETS.items():
         assert f"{name}:" in help_text
         assert all(voice in help_text for voice in voices), name
+    assert parse_arguments(["--voices", "many,random:2"]).voices == [*MANY_VOICES, "en-us+rnd000", "en-us+rnd001"]
+    with pytest.raises(SystemExit):
+        parse_arguments(["--voices", "random:0"])
+    assert "random:0" in capsys.readouterr().err
+
+
+def test_random_voices_are_fixed_by_their_number_distinct_and_leave_the_installed_data_alone(tmp_path):
+    assert random_variant(7) == random_variant(7) and random_variant(7) != random_variant(8)
+    assert random_voices(3) == ("en-us+rnd000", "en-us+rnd001", "en-us+rnd002")
+    # Utterance i's sentence depends on the seed and i alone: the same two sentences in three voices.
+    # Had espeak-ng not found a random variant, it would have spoken plain en-us: the same bytes.
+    audio = {}
+    for voice in ("en-us", "en-us+rnd000", "en-us+rnd001"):
+        corpus = make_demo_corpus(tmp_path / voice, 2, seed=2, progress=False, voices=(voice,))
+        rows = [json.loads(line) for line in (corpus / MANIFEST_FILENAME).read_text(encoding="utf-8").splitlines()]
+        assert {row["speaker"] for row in rows} == {speaker_name(voice)}
+        audio[voice] = [(corpus / row["audio_path"]).read_bytes() for row in rows]
+    assert len({clips[0] for clips in audio.values()}) == 3 and len({clips[1] for clips in audio.values()}) == 3
+    assert not list(variant_folder(espeak.library().data_path).glob("rnd*"))  # written in a scratch folder only
+    assert espeak.DATA_PATH_VARIABLE not in os.environ

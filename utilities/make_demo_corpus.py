@@ -57,7 +57,7 @@ def _epilog(voice_sets: dict[str, tuple[str, ...]]) -> str:
 
 
 def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
-    from myxtts.data.demo_voices import VOICE_SETS
+    from myxtts.data.demo_voices import VOICE_SETS, expand_voices
 
     parser = argparse.ArgumentParser(
         description=(
@@ -76,8 +76,9 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0,
                         help="seed of the sentence generator; another seed gives other sentences (default: %(default)s)")
     parser.add_argument("--voices", default="demo",
-                        help="comma-separated espeak-ng voices, one speaker each, or the name of a set below: "
-                             f"{', '.join(VOICE_SETS)} (default: %(default)s)")
+                        help="comma-separated espeak-ng voices, one speaker each, names of the sets below ("
+                             f"{', '.join(VOICE_SETS)}) and random:N, N voices with random pitch and formants "
+                             "(en-us+rnd000...; e.g. many,random:150) (default: %(default)s)")
     parser.add_argument("--language", default="en-us",
                         help="espeak-ng language of the manifest's phonemes, the model's data.language (default: %(default)s)")
     parser.add_argument("--timing-hop", type=int, default=256,
@@ -92,8 +93,10 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error(f"--timing-hop must be at least 1, got {arguments.timing_hop}")
     if arguments.workers < 0:
         parser.error(f"--workers must be >= 0, got {arguments.workers}")
-    arguments.voices = list(VOICE_SETS[arguments.voices]) if arguments.voices in VOICE_SETS else [
-        voice.strip() for voice in arguments.voices.split(",") if voice.strip()]
+    try:
+        arguments.voices = expand_voices(arguments.voices)
+    except ValueError as error:
+        parser.error(str(error))
     if not arguments.voices:
         parser.error("--voices names no voice")
     return arguments

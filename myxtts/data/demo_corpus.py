@@ -38,6 +38,7 @@ import multiprocessing
 import os
 import struct
 import sys
+import tempfile
 import wave
 from array import array
 from collections.abc import Sequence
@@ -46,7 +47,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from myxtts.data import espeak
-from myxtts.data.demo_voices import DEMO_VOICES, OTHER_VOICES, check_voices  # noqa: F401 (OTHER_VOICES: re-exported)
+from myxtts.data.demo_voices import (  # noqa: F401 (OTHER_VOICES: re-exported)
+    DEMO_VOICES, OTHER_VOICES, check_voices, data_with_random_voices, random_index)
 from myxtts.data.manifest import MANIFEST_JSONL, Utterance, read_manifest, write_jsonl
 from myxtts.data.phoneme_timing import DEFAULT_HOP_LENGTH, TIMING_SUFFIX, PhonemeTiming, timing_path
 from myxtts.data.phonemes import check_language, phonemize
@@ -339,8 +341,26 @@ def make_demo_corpus(
     if _corpus_is_complete(out_dir, expected_stamp):
         return out_dir
     check_language(language, key="language")  # here, not once per worker
-    check_voices(voices, espeak.library().data_path)
+    with tempfile.TemporaryDirectory(prefix="myxtts-espeak-") as scratch:
+        data_path = espeak.library().data_path
+        if any(random_index(voice) is not None for voice in voices):
+            data_path = data_with_random_voices(voices, data_path, scratch)
+        check_voices(voices, data_path)
+        before = os.environ.get(espeak.DATA_PATH_VARIABLE)
+        os.environ[espeak.DATA_PATH_VARIABLE] = str(data_path)  # the worker processes' espeak-ng reads it
+        try:
+            _build(out_dir, num_utterances, seed, voices, language, timing_hop_length, num_workers, progress,
+                   expected_stamp)
+        finally:
+            if before is None:
+                os.environ.pop(espeak.DATA_PATH_VARIABLE, None)
+            else:
+                os.environ[espeak.DATA_PATH_VARIABLE] = before
+    return out_dir
 
+
+def _build(out_dir, num_utterances, seed, voices, language, timing_hop_length, num_workers, progress,
+           expected_stamp) -> None:
     wav_dir = out_dir / "wavs"
     wav_dir.mkdir(parents=True, exist_ok=True)
     # Drop the old stamp before touching any file: if this run is interrupted, no stamp
@@ -360,7 +380,6 @@ def make_demo_corpus(
     total_seconds = sum(utterance.duration_s for utterance in utterances)
     stamp = {**expected_stamp, "total_seconds": round(total_seconds, 3)}
     _write_text_atomically(out_dir / STAMP_FILENAME, json.dumps(stamp, indent=2, sort_keys=True) + "\n")
-    return out_dir
 
 
 def total_audio_seconds(corpus_dir: str | os.PathLike) -> float:

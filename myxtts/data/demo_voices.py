@@ -41,6 +41,7 @@ How `many` and `heldout` were chosen (2026-11, espeak-ng 1.52 of espeakng-loader
 
 from __future__ import annotations
 
+import random
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -66,6 +67,76 @@ VOICE_SETS: dict[str, tuple[str, ...]] = {
     "many": MANY_VOICES,
     "heldout": HELDOUT_VOICES,
 }
+
+
+# Random voices: "en-us+rnd017" is en-us with random variant 17, a variant file that no data folder
+# ships, written by `random_variant` from a stream seeded by its number alone (so a name is the same
+# voice in every corpus). Its pitch and formants are drawn around the named variants' own values
+# (formant frequencies 92-128% with a per-formant jitter, pitch rising with them): the named sets
+# give a model a few dozen voices to learn what a voice is, these fill the space between them.
+# `--voices many,random:150` in make_demo_corpus.py.
+RANDOM_PREFIX = "rnd"
+
+
+def random_voices(count: int) -> tuple[str, ...]:
+    return tuple(f"en-us+{RANDOM_PREFIX}{index:03d}" for index in range(count))
+
+
+def random_index(voice: str) -> int | None:
+    """17 for "en-us+rnd017"; None for any other voice."""
+    _, _, variant = voice.partition("+")
+    number = variant.removeprefix(RANDOM_PREFIX)
+    return int(number) if variant.startswith(RANDOM_PREFIX) and number.isdigit() else None
+
+
+def random_variant(index: int) -> str:
+    """The espeak-ng variant file of random voice `index`."""
+    draw = random.Random(f"myxtts-random-voice:{index}")
+    scale = draw.uniform(0.92, 1.28)  # formant frequencies: male-like near 0.95, female-like near 1.2
+    base = (70 + (scale - 0.92) / 0.36 * 110) * draw.uniform(0.85, 1.15)  # Hz
+    lines = ["language variant", f"name {RANDOM_PREFIX}{index:03d}",
+             f"pitch {round(base)} {round(base + draw.uniform(30, 110))}"]
+    for formant in range(9):
+        frequency = scale * (draw.uniform(0.94, 1.06) if formant <= 5 else 1.0)
+        lines.append(f"formant {formant} {round(100 * frequency)} {draw.randint(70, 140)} {draw.randint(80, 160)}")
+    lines.append(f"flutter {draw.randint(0, 6)}")
+    return "\n".join(lines) + "\n"
+
+
+def expand_voices(spec: str) -> list[str]:
+    """`--voices`: comma-separated voices, set names (`VOICE_SETS`) and `random:N` (N random voices)."""
+    voices = []
+    for item in (part.strip() for part in spec.split(",")):
+        if item in VOICE_SETS:
+            voices += VOICE_SETS[item]
+        elif item.startswith("random:"):
+            count = item.removeprefix("random:")
+            if not count.isdigit() or not 0 < int(count) <= 1000:
+                raise ValueError(f"--voices {item!r}: random:N takes a count from 1 to 1000")
+            voices += random_voices(int(count))
+        elif item:
+            voices.append(item)
+    return voices
+
+
+def data_with_random_voices(voices: Iterable[str], data_path: str | Path, folder: str | Path) -> Path:
+    """An espeak-ng data folder in `folder`: `data_path` (links to its files) plus the variant files
+    of the random voices among `voices`. The installed data folder is left as it is."""
+    data_path, out = Path(data_path), Path(folder) / "espeak-ng-data"
+    (out / "voices" / "!v").mkdir(parents=True)
+    for entry in data_path.iterdir():
+        if entry.name != "voices":
+            (out / entry.name).symlink_to(entry)
+    for entry in (data_path / "voices").iterdir():
+        if entry.name != "!v":
+            (out / "voices" / entry.name).symlink_to(entry)
+    for entry in variant_folder(data_path).iterdir():
+        (variant_folder(out) / entry.name).symlink_to(entry)
+    for voice in voices:
+        index = random_index(voice)
+        if index is not None:
+            (variant_folder(out) / f"{RANDOM_PREFIX}{index:03d}").write_text(random_variant(index), encoding="utf-8")
+    return out
 
 
 def variant_folder(data_path: str | Path) -> Path:

@@ -16,10 +16,13 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import os
 import threading
 from dataclasses import dataclass
 
 SAMPLE_RATE = 22_050
+# When set, the espeak-ng data folder to initialize with instead of the bundled one.
+DATA_PATH_VARIABLE = "MYXTTS_ESPEAK_DATA"
 
 # Constants from espeak-ng's speak_lib.h.
 AUDIO_OUTPUT_SYNCHRONOUS = 2
@@ -98,7 +101,9 @@ class EspeakLibrary:
                 "'espeakng-loader' package: pip install espeakng-loader"
             ) from error
         self.path = espeakng_loader.get_library_path()
-        self.data_path = espeakng_loader.get_data_path()
+        # Another data folder (DATA_PATH_VARIABLE): the bundled one plus variant files written for a
+        # corpus (demo_voices.data_with_random_voices), read by the corpus builder's worker processes.
+        self.data_path = os.environ.get(DATA_PATH_VARIABLE) or espeakng_loader.get_data_path()
         self.lock = threading.RLock()
         lib = ctypes.CDLL(self.path)
         lib.espeak_Initialize.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_char_p, ctypes.c_int]
