@@ -205,8 +205,9 @@ class _UtteranceJob:
 _worker_engine: EspeakEngine | None = None
 
 
-def _initialize_worker() -> None:
+def _initialize_worker(data_path: str) -> None:
     global _worker_engine
+    os.environ[espeak.DATA_PATH_VARIABLE] = data_path  # this worker's espeak-ng: the corpus's data folder
     _worker_engine = EspeakEngine()
 
 
@@ -243,14 +244,15 @@ def _synthesize_utterance(job: _UtteranceJob) -> Utterance:
     )
 
 
-def _synthesize_all(jobs: list[_UtteranceJob], num_workers: int, progress: bool) -> list[Utterance]:
+def _synthesize_all(jobs: list[_UtteranceJob], num_workers: int, progress: bool, data_path: str) -> list[Utterance]:
     progress_line = ProgressLine("demo corpus", len(jobs), "utterances", enabled=progress)
     utterances: list[Utterance | None] = [None] * len(jobs)
     # spawn, not fork: the caller may be a multithreaded process (TensorFlow), and forking
     # one of those can deadlock. The workers are single-threaded, so their own per-utterance
     # forks are safe.
     pool = ProcessPoolExecutor(
-        max_workers=num_workers, mp_context=multiprocessing.get_context("spawn"), initializer=_initialize_worker
+        max_workers=num_workers, mp_context=multiprocessing.get_context("spawn"), initializer=_initialize_worker,
+        initargs=(data_path,),
     )
     try:
         futures = {pool.submit(_synthesize_utterance, job): job.index for job in jobs}
@@ -346,21 +348,13 @@ def make_demo_corpus(
         if any(random_index(voice) is not None for voice in voices):
             data_path = data_with_random_voices(voices, data_path, scratch)
         check_voices(voices, data_path)
-        before = os.environ.get(espeak.DATA_PATH_VARIABLE)
-        os.environ[espeak.DATA_PATH_VARIABLE] = str(data_path)  # the worker processes' espeak-ng reads it
-        try:
-            _build(out_dir, num_utterances, seed, voices, language, timing_hop_length, num_workers, progress,
-                   expected_stamp)
-        finally:
-            if before is None:
-                os.environ.pop(espeak.DATA_PATH_VARIABLE, None)
-            else:
-                os.environ[espeak.DATA_PATH_VARIABLE] = before
+        _build(out_dir, num_utterances, seed, voices, language, timing_hop_length, num_workers, progress,
+               expected_stamp, str(data_path))
     return out_dir
 
 
 def _build(out_dir, num_utterances, seed, voices, language, timing_hop_length, num_workers, progress,
-           expected_stamp) -> None:
+           expected_stamp, data_path: str) -> None:
     wav_dir = out_dir / "wavs"
     wav_dir.mkdir(parents=True, exist_ok=True)
     # Drop the old stamp before touching any file: if this run is interrupted, no stamp
@@ -373,7 +367,7 @@ def _build(out_dir, num_utterances, seed, voices, language, timing_hop_length, n
         for index in range(num_utterances)
     ]
     workers = max(1, min(num_workers or usable_cores(), num_utterances))
-    utterances = _synthesize_all(jobs, workers, progress)
+    utterances = _synthesize_all(jobs, workers, progress, data_path)
 
     _remove_leftovers(out_dir, {utterance_id(index) for index in range(num_utterances)})
     write_jsonl(utterances, out_dir / MANIFEST_FILENAME)

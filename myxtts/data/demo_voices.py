@@ -135,7 +135,7 @@ def data_with_random_voices(voices: Iterable[str], data_path: str | Path, folder
     for voice in voices:
         index = random_index(voice)
         if index is not None:
-            (variant_folder(out) / f"{RANDOM_PREFIX}{index:03d}").write_text(random_variant(index), encoding="utf-8")
+            (variant_folder(out) / voice.partition("+")[2]).write_text(random_variant(index), encoding="utf-8")
     return out
 
 

@@ -102,7 +102,7 @@ class EspeakLibrary:
             ) from error
         self.path = espeakng_loader.get_library_path()
         # Another data folder (DATA_PATH_VARIABLE): the bundled one plus variant files written for a
-        # corpus (demo_voices.data_with_random_voices), read by the corpus builder's worker processes.
+        # corpus (demo_voices.data_with_random_voices), set by the corpus builder in its worker processes.
         self.data_path = os.environ.get(DATA_PATH_VARIABLE) or espeakng_loader.get_data_path()
         self.lock = threading.RLock()
         lib = ctypes.CDLL(self.path)
