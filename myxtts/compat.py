@@ -18,14 +18,15 @@ Hooks used through this module:
     all_reduce_sum_gradients      Optimizer._all_reduce_sum_gradients  training/prodigy.py
     optimizer_strategy            Optimizer._distribution_strategy     training/prodigy.py
     variable_index                Optimizer._get_variable_index        training/prodigy.py
-    uses_weight_decay             Optimizer._use_weight_decay          training/prodigy.py
+    uses_weight_decay             Optimizer._use_weight_decay          training/prodigy.py, optimizers.py
+    adam_moments                  Adam._momentums, Adam._velocities    training/optimizers.py
     maybe_merge_call              tf.__internal__...maybe_merge_call   training/prodigy.py
     time_batch_fetches            how Keras' TF trainer steps an iterator (see its docstring)
     frozen_function               convert_to_constants.convert_variables_to_constants_v2  export_tflite.py
 
 Methods our subclasses override (checked by `check_versions`, listed in `OVERRIDDEN`):
 `keras.Model._maybe_symbolic_build` (training/step.py) and `Optimizer._backend_update_step`,
-`Optimizer._apply_weight_decay` (training/prodigy.py).
+`Optimizer._apply_weight_decay` (training/prodigy.py, and training/optimizers.py's FusedAdamW).
 
 To support a new Keras minor: install it, run `pytest tests/test_compat.py tests/test_prodigy.py
 tests/test_distribute.py tests/test_input_wait.py tests/test_interrupts.py`, and when they pass add
@@ -46,6 +47,7 @@ OVERRIDDEN = (
     ("keras", "Model", "_maybe_symbolic_build", "myxtts/training/step.py TrainingModel"),
     ("keras.optimizers", "Optimizer", "_backend_update_step", "myxtts/training/prodigy.py Prodigy"),
     ("keras.optimizers", "Optimizer", "_apply_weight_decay", "myxtts/training/prodigy.py Prodigy"),
+    ("keras.optimizers", "AdamW", "_apply_weight_decay", "myxtts/training/optimizers.py FusedAdamW"),
 )
 
 _checked = False
@@ -189,6 +191,13 @@ def optimizer_strategy(optimizer):
 def variable_index(optimizer, variable) -> int:
     """Position of `variable` in the optimizer's slot lists."""
     return _private(optimizer, "_get_variable_index", "to find a variable's optimizer slots")(variable)
+
+
+def adam_moments(optimizer, variable) -> tuple:
+    """(first moment, second moment) slot variables Keras' Adam keeps for `variable`."""
+    index = variable_index(optimizer, variable)
+    purpose = "to update Adam's moments with one fused op"
+    return _private(optimizer, "_momentums", purpose)[index], _private(optimizer, "_velocities", purpose)[index]
 
 
 def uses_weight_decay(optimizer, variable) -> bool:

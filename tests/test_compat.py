@@ -66,6 +66,9 @@ def test_every_hook_works_on_the_installed_versions():
     decayed.exclude_from_weight_decay(var_names=["bias"])
     bias, kernel = keras.Variable(tf.ones([2]), name="bias"), keras.Variable(tf.ones([2]), name="kernel")
     assert not compat.uses_weight_decay(decayed, bias) and compat.uses_weight_decay(decayed, kernel)
+    decayed.build([bias, kernel])
+    moments = compat.adam_moments(decayed, kernel)
+    assert [m.shape for m in moments] == [(2,), (2,)] and moments[0] is not compat.adam_moments(decayed, bias)[0]
     assert compat.optimizer_strategy(optimizer) is tf.distribute.get_strategy()
     pairs = [(tf.ones([2]), variable)]
     assert len(compat.all_reduce_sum_gradients(optimizer, pairs)) == 1
