@@ -128,3 +128,15 @@ def test_random_voices_are_fixed_by_their_number_distinct_and_leave_the_installe
     assert len({clips[0] for clips in audio.values()}) == 3 and len({clips[1] for clips in audio.values()}) == 3
     assert not list(variant_folder(espeak.library().data_path).glob("rnd*"))  # written in a scratch folder only
     assert espeak.DATA_PATH_VARIABLE not in os.environ
+
+
+def test_more_random_voices_than_espeak_lists_from_its_whole_data_folder(tmp_path):
+    # espeak-ng keeps 349 languages and variants in its voice table; the bundled data has ~245, so
+    # with 250 random voices on top even "en-us" once failed to select. The corpus's data folder
+    # holds only the languages and variants its voices use.
+    voices = MANY_VOICES + random_voices(250)
+    corpus = make_demo_corpus(tmp_path / "many", 2, seed=3, progress=False, voices=voices)
+    assert len((corpus / MANIFEST_FILENAME).read_text(encoding="utf-8").splitlines()) == 2
+    with pytest.raises(ValueError, match=r"espeak-ng lists at most 349 .* these need 453; ask for 104 fewer"):
+        make_demo_corpus(tmp_path / "too_many", 2, seed=3, progress=False, voices=MANY_VOICES + random_voices(400))
+    assert not (tmp_path / "too_many").exists() or not list((tmp_path / "too_many").rglob("*.wav"))

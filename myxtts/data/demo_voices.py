@@ -119,23 +119,45 @@ def expand_voices(spec: str) -> list[str]:
     return voices
 
 
+# espeak-ng lists every language and variant file of its data folder in one table of 349 entries
+# (N_VOICES_LIST) before it selects a voice; past that, files are left out of the table and even
+# "en-us" can fail to select (measured: `--voices many,random:600` over the full data folder).
+VOICE_LIST_LIMIT = 349
+
+
 def data_with_random_voices(voices: Iterable[str], data_path: str | Path, folder: str | Path) -> Path:
-    """An espeak-ng data folder in `folder`: `data_path` (links to its files) plus the variant files
-    of the random voices among `voices`. The installed data folder is left as it is."""
+    """An espeak-ng data folder in `folder` for `voices`: links to `data_path`'s files, but of its
+    languages and variants only those `voices` use (espeak lists them all, VOICE_LIST_LIMIT), plus
+    the variant files of the random voices among them. The installed data folder is left as it is."""
+    voices = list(dict.fromkeys(voices))
     data_path, out = Path(data_path), Path(folder) / "espeak-ng-data"
+    languages = {voice.partition("+")[0].lower() for voice in voices} | {"en-us"}  # the engine starts in en-us
+    kept = [path for path in sorted((data_path / "lang").rglob("*")) if path.is_file() and path.name.lower() in languages]
+    listed = len(kept) + len([v for v in voices if "+" in v])
+    if listed > VOICE_LIST_LIMIT:
+        raise ValueError(f"{len(voices)} voices: espeak-ng lists at most {VOICE_LIST_LIMIT} languages and variants, and "
+                         f"these need {listed}; ask for {listed - VOICE_LIST_LIMIT} fewer (random:N takes fewer, or "
+                         "build two corpora and list both in the manifest)")
     (out / "voices" / "!v").mkdir(parents=True)
     for entry in data_path.iterdir():
-        if entry.name != "voices":
+        if entry.name not in ("voices", "lang"):
             (out / entry.name).symlink_to(entry)
     for entry in (data_path / "voices").iterdir():
         if entry.name != "!v":
             (out / "voices" / entry.name).symlink_to(entry)
-    for entry in variant_folder(data_path).iterdir():
-        (variant_folder(out) / entry.name).symlink_to(entry)
+    for path in kept:
+        target = out / path.relative_to(data_path)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.symlink_to(path)
     for voice in voices:
+        variant = voice.partition("+")[2]
+        if not variant:
+            continue
         index = random_index(voice)
         if index is not None:
-            (variant_folder(out) / voice.partition("+")[2]).write_text(random_variant(index), encoding="utf-8")
+            (variant_folder(out) / variant).write_text(random_variant(index), encoding="utf-8")
+        elif (variant_folder(data_path) / variant).is_file():
+            (variant_folder(out) / variant).symlink_to(variant_folder(data_path) / variant)
     return out
 
 
