@@ -1,0 +1,125 @@
+"""How good does it sound? Offline quality measures of speech, beside the words (WER) and the voice.
+
+    copy = copy_synthesis(path, data_config)          # the clip as training sees it, and its log-mel vocoded
+    stoi(copy.recording, copy.vocoded, rate)           # intelligibility of the vocoded clip against the clip, 0-1
+    pesq_wb(copy.recording, copy.vocoded, rate)        # perceived quality against the clip, 1-4.6 (None without `pesq`)
+    dnsmos(copy.vocoded, rate)                         # predicted listener scores, no reference needed, 1-5
+
+Copy-synthesis isolates the vocoder: recording -> the model's own log-mel features -> vocoder ->
+waveform, compared with the recording. Griffin-Lim is the floor every neural vocoder must clear
+(issue 27: PESQ +1.0, DNSMOS overall +0.3). All three run offline, their weights inside their
+wheels: STOI (`pystoi`, Taal et al. 2011: short-time correlation of one-third-octave envelopes),
+PESQ wide band (`pesq`, ITU-T P.862.2; a C extension built from source, so optional here),
+DNSMOS P.835 and P.808 (`speechmos`: Microsoft's ONNX models, run by `onnxruntime`; it reads 16 kHz,
+and features through librosa). None of them downloads anything.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+MEASURE_RATE = 16000  # PESQ wide band and DNSMOS read 16 kHz
+
+
+@dataclasses.dataclass
+class CopySynthesis:
+    recording: np.ndarray  # float32 [n]: the clip as the feature pipeline sees it (resampled, trimmed, normalised)
+    vocoded: np.ndarray  # float32 [n]: its log-mel through the vocoder, cut to the same length
+    sample_rate: int
+
+
+def copy_synthesis(path: str, data_config, vocoder=None) -> CopySynthesis:
+    """The clip at `path` and its log-mel through `vocoder` (log-mel [frames, n_mels] -> samples;
+    Griffin-Lim by default), both as float32 at data.sample_rate, the same length."""
+    import tensorflow as tf
+
+    from myxtts.data import audio
+    from myxtts.evaluation.speech import _trimmed
+    from myxtts.models.griffin_lim import log_mel_to_audio
+
+    recording, _ = _trimmed(path, data_config)
+    log_mel = audio.log_mel(recording, data_config)
+    vocoded = (vocoder or (lambda mel: log_mel_to_audio(mel, data_config)))(log_mel)
+    recording, vocoded = np.asarray(recording, np.float32), np.asarray(tf.convert_to_tensor(vocoded), np.float32)
+    n = min(len(recording), len(vocoded))
+    return CopySynthesis(recording[:n], vocoded[:n], data_config.sample_rate)
+
+
+def to_measure_rate(samples: np.ndarray, sample_rate: int) -> np.ndarray:
+    import soxr
+
+    samples = np.asarray(samples, np.float32)
+    return samples if sample_rate == MEASURE_RATE else soxr.resample(samples, sample_rate, MEASURE_RATE).astype(np.float32)
+
+
+def stoi(reference: np.ndarray, degraded: np.ndarray, sample_rate: int) -> float:
+    """Short-time objective intelligibility of `degraded` against `reference` (same length), ~0-1."""
+    from pystoi import stoi as pystoi_stoi
+
+    return float(pystoi_stoi(np.asarray(reference, np.float64), np.asarray(degraded, np.float64), sample_rate, extended=False))
+
+
+def pesq_available() -> bool:
+    try:
+        import pesq  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def pesq_wb(reference: np.ndarray, degraded: np.ndarray, sample_rate: int) -> float | None:
+    """Wide-band PESQ (MOS-LQO, 1.0-4.64) of `degraded` against `reference`; None without the `pesq`
+    package (`pip install pesq`: it compiles C sources, so it is not a requirement)."""
+    if not pesq_available():
+        return None
+    from pesq import pesq
+
+    return float(pesq(MEASURE_RATE, to_measure_rate(reference, sample_rate), to_measure_rate(degraded, sample_rate), "wb"))
+
+
+def dnsmos(samples: np.ndarray, sample_rate: int) -> dict[str, float]:
+    """DNSMOS of one clip: `ovrl`, `sig`, `bak` (P.835) and `p808`, each ~1-5, no reference needed."""
+    from speechmos import dnsmos as dnsmos_model
+
+    audio = np.clip(to_measure_rate(samples, sample_rate), -1.0, 1.0)
+    scores = dnsmos_model.run(audio, MEASURE_RATE)
+    return {"ovrl": float(scores["ovrl_mos"]), "sig": float(scores["sig_mos"]), "bak": float(scores["bak_mos"]),
+            "p808": float(scores["p808_mos"])}
+
+
+@dataclasses.dataclass
+class QualityReport:
+    """Means over clips; `pesq` None when the package is missing."""
+    clips: int
+    stoi: float
+    pesq: float | None
+    dnsmos_vocoded: dict
+    dnsmos_recordings: dict
+
+    def line(self, name: str = "Griffin-Lim") -> str:
+        pesq_text = f"PESQ-WB {self.pesq:.2f}" if self.pesq is not None else "PESQ-WB not measured (pip install pesq)"
+        return (f"{name} copy-synthesis of {self.clips} clips: STOI {self.stoi:.3f}, {pesq_text}, DNSMOS overall "
+                f"{self.dnsmos_vocoded['ovrl']:.2f} (signal {self.dnsmos_vocoded['sig']:.2f}, background "
+                f"{self.dnsmos_vocoded['bak']:.2f}, P.808 {self.dnsmos_vocoded['p808']:.2f}); the recordings' DNSMOS overall "
+                f"{self.dnsmos_recordings['ovrl']:.2f} (P.808 {self.dnsmos_recordings['p808']:.2f})")
+
+
+def measure_copy_synthesis(paths, data_config, vocoder=None, progress=None) -> QualityReport:
+    """STOI, PESQ and DNSMOS of `paths`' copy-synthesis through `vocoder` (Griffin-Lim by default)."""
+    stois, pesqs, vocoded_scores, recorded_scores = [], [], [], []
+    for number, path in enumerate(paths, 1):
+        copy = copy_synthesis(path, data_config, vocoder)
+        stois.append(stoi(copy.recording, copy.vocoded, copy.sample_rate))
+        pesqs.append(pesq_wb(copy.recording, copy.vocoded, copy.sample_rate))
+        vocoded_scores.append(dnsmos(copy.vocoded, copy.sample_rate))
+        recorded_scores.append(dnsmos(copy.recording, copy.sample_rate))
+        if progress is not None:
+            progress(number, len(paths))
+
+    def mean(scores):
+        return {key: float(np.mean([s[key] for s in scores])) for key in scores[0]}
+
+    return QualityReport(len(stois), float(np.mean(stois)), None if None in pesqs else float(np.mean(pesqs)),
+                         mean(vocoded_scores), mean(recorded_scores))

@@ -1,0 +1,61 @@
+"""Sound quality of a vocoder by copy-synthesis: STOI, PESQ (wide band) and DNSMOS, offline.
+
+    python utilities/measure_quality.py --corpus demo_corpus --clips 20
+    python utilities/measure_quality.py --corpus other_corpus --clips 20 --json quality.json
+
+Each clip, as the feature pipeline sees it (resampled, trimmed, peak-normalised), is turned into the
+model's log-mel and back into audio by Griffin-Lim (the project's only vocoder today; issue 27's
+neural vocoder is measured against this floor), then compared with itself (STOI, PESQ) and scored
+alone (DNSMOS, with the recordings' own score beside it). The clips are spread evenly over the
+manifest. Needs `pip install -r requirements-quality.txt`; PESQ also needs `pip install pesq`
+(it compiles C sources) and is reported as not measured without it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    parser.add_argument("--corpus", required=True, help="a corpus folder or manifest (as --train-data)")
+    parser.add_argument("--config", default=None, help="a config whose data.* settings make the log-mel (default: the defaults)")
+    parser.add_argument("--clips", type=int, default=20, help="clips to measure, spread over the manifest (default 20)")
+    parser.add_argument("--json", default=None, help="also write the report here")
+    args = parser.parse_args(argv)
+    sys.path.insert(0, str(ROOT))
+
+    from myxtts.config import load_config
+    from myxtts.data.manifest import read_manifest
+    from myxtts.evaluation import quality
+
+    config = load_config(args.config)
+    rows = read_manifest(args.corpus)
+    if args.clips < 1:
+        parser.error("--clips must be at least 1")
+    step = max(len(rows) // args.clips, 1)
+    paths = [u.audio_path for u in rows[::step][: args.clips]]
+    started = time.monotonic()
+
+    def progress(done, total):
+        elapsed = time.monotonic() - started
+        print(f"\r{done}/{total} clips, ETA {elapsed / done * (total - done):.0f} s", end="", file=sys.stderr, flush=True)
+
+    report = quality.measure_copy_synthesis(paths, config.data, progress=progress)
+    print(file=sys.stderr)
+    print(report.line())
+    if args.json:
+        Path(args.json).write_text(json.dumps({"corpus": str(args.corpus), "vocoder": "griffin-lim",
+                                               **{k: v for k, v in vars(report).items()}}, indent=2), encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
