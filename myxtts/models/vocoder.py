@@ -1,0 +1,175 @@
+"""A neural vocoder, log-mel -> waveform, in the style of Vocos (Siuzdenko 2023) and FreeV (2024).
+
+    log-mel [B, T, n_mels] --pseudo-inverse (griffin_lim.mel_to_magnitude)--> prior magnitude [B, T, bins]
+      \\--> Conv1D -> ConvNeXt blocks at the frame rate -> LayerNorm
+              -> log-magnitude residual (added to the prior's log)  \\
+              -> phase as a 2-vector per bin (normalised)           -> spectrum -> inverse STFT -> [B, (T-1) * hop]
+
+Everything runs at the mel frame rate (no upsampling convolutions), and the inverse STFT is the
+same fixed, exact overlap-add as Griffin-Lim's (`griffin_lim.istft`), so the network only predicts
+what a frame's spectrum is. Starting from the mel's own pseudo-inverse magnitude leaves it the
+residual and the phase to learn (FreeV's observation: far fewer parameters for the same quality).
+The heads start at zero residual and phase zero, so an untrained vocoder gives the prior magnitude.
+
+Training (`VocoderTrainer`): random segments of each clip of a waveform batch (the feature pipeline
+with `data.mel_on_device`), their log-mel computed in the step, and two losses against the segment:
+L1 between log-mels, and a multi-resolution STFT loss (spectral convergence + log magnitude at three
+FFT sizes). No discriminator yet.
+
+Status (issue 27): the network, its losses and its compiled train step, tested on the tiny size (the
+loss falls). Not yet: its training entry point, checkpoints, use in synthesis / validation / export,
+and any measured quality (the Griffin-Lim floor is in BENCHMARKS.md, "Sound quality").
+"""
+
+from __future__ import annotations
+
+import keras
+import tensorflow as tf
+
+from myxtts.data import audio
+from myxtts.models.griffin_lim import istft, mel_to_magnitude
+
+# (width, blocks): `tiny` for tests; `base` is Vocos' width with half its depth.
+VOCODER_SIZES = {"tiny": (32, 2), "base": (512, 4)}
+# Log magnitudes are clipped here before exp: a wild early update must not overflow the spectrum.
+_MAX_LOG_MAGNITUDE = 8.0
+
+
+class ConvNeXtBlock(keras.layers.Layer):
+    """Depthwise conv (7 frames) -> LayerNorm -> pointwise MLP (4x, GELU) -> scaled residual."""
+
+    def __init__(self, dim: int, scale: float, **kwargs):
+        super().__init__(**kwargs)
+        self.depthwise = keras.layers.DepthwiseConv1D(7, padding="same")
+        self.norm = keras.layers.LayerNormalization(epsilon=1e-6)
+        self.expand = keras.layers.Dense(4 * dim, activation="gelu")
+        self.project = keras.layers.Dense(dim)
+        self.dim, self.initial_scale = dim, scale
+
+    def build(self, input_shape):
+        self.depthwise.build(input_shape)
+        self.norm.build(input_shape)
+        self.expand.build(input_shape)
+        self.project.build((*input_shape[:-1], 4 * self.dim))
+        self.scale = self.add_weight(shape=(self.dim,), initializer=keras.initializers.Constant(self.initial_scale), name="scale")
+
+    def call(self, x):
+        return x + self.scale * self.project(self.expand(self.norm(self.depthwise(x))))
+
+
+class Vocoder(keras.Model):
+    """log-mel [B, T, n_mels] (as `audio.log_mel` makes it) -> waveform [B, (T - 1) * hop_length]."""
+
+    def __init__(self, data_config, size: str = "base", **kwargs):
+        super().__init__(**kwargs)
+        if size not in VOCODER_SIZES:
+            raise ValueError(f"vocoder size {size!r}: one of {', '.join(VOCODER_SIZES)}")
+        dim, blocks = VOCODER_SIZES[size]
+        self.data_config, self.size = data_config, size
+        self.bins = data_config.n_fft // 2 + 1
+        self.embed = keras.layers.Conv1D(dim, 7, padding="same")
+        self.blocks = [ConvNeXtBlock(dim, 1.0 / blocks, name=f"block_{i}") for i in range(blocks)]
+        self.norm = keras.layers.LayerNormalization(epsilon=1e-6)
+        self.magnitude_head = keras.layers.Dense(self.bins, kernel_initializer="zeros")
+        # Phase as (cos, sin)-like pairs, starting at (1, 0): phase zero everywhere.
+        self.phase_head = keras.layers.Dense(2 * self.bins, kernel_initializer="zeros",
+                                             bias_initializer=keras.initializers.Constant(
+                                                 [1.0] * self.bins + [0.0] * self.bins))
+
+    def build(self, input_shape=None):
+        shape = (None, None, self.data_config.n_mels)
+        self.embed.build(shape)
+        dim = VOCODER_SIZES[self.size][0]
+        for block in self.blocks:
+            block.build((None, None, dim))
+        self.norm.build((None, None, dim))
+        self.magnitude_head.build((None, None, dim))
+        self.phase_head.build((None, None, dim))
+        self.built = True
+
+    def call(self, log_mel, training=False):
+        log_mel = tf.cast(log_mel, tf.float32)
+        prior = mel_to_magnitude(log_mel, self.data_config)  # [B, T, bins], >= 0
+        x = self.embed(tf.cast(log_mel, self.compute_dtype))
+        for block in self.blocks:
+            x = block(x)
+        x = self.norm(x)
+        log_magnitude = tf.math.log(prior + 1e-5) + tf.cast(self.magnitude_head(x), tf.float32)
+        magnitude = tf.exp(tf.minimum(log_magnitude, _MAX_LOG_MAGNITUDE))
+        real, imaginary = tf.split(tf.cast(self.phase_head(x), tf.float32), 2, axis=-1)
+        norm = tf.maximum(tf.sqrt(real * real + imaginary * imaginary), 1e-6)
+        spectrum = tf.complex(magnitude * real / norm, magnitude * imaginary / norm)
+        return istft(spectrum, self.data_config)
+
+
+# (n_fft, hop) of the multi-resolution STFT loss: around the features' own 1024 / 256.
+STFT_RESOLUTIONS = ((512, 128), (1024, 256), (2048, 512))
+
+
+def multi_resolution_stft_loss(target, predicted) -> tf.Tensor:
+    """Mean over resolutions of spectral convergence + L1 of log magnitudes, [B, n] waveforms."""
+    total = 0.0
+    for n_fft, hop in STFT_RESOLUTIONS:
+        window = lambda length, dtype: tf.signal.hann_window(length, dtype=dtype)  # noqa: E731
+        t = tf.abs(tf.signal.stft(target, n_fft, hop, n_fft, window_fn=window))
+        p = tf.abs(tf.signal.stft(predicted, n_fft, hop, n_fft, window_fn=window))
+        convergence = tf.norm(t - p) / tf.maximum(tf.norm(t), 1e-7)
+        log_magnitude = tf.reduce_mean(tf.abs(tf.math.log(t + 1e-5) - tf.math.log(p + 1e-5)))
+        total += convergence + log_magnitude
+    return total / len(STFT_RESOLUTIONS)
+
+
+def random_segments(waveforms, mel_length, segment_frames: int, hop_length: int, seed=None) -> tf.Tensor:
+    """[B, (segment_frames - 1) * hop] samples: a random stretch of each clip inside its `mel_length`
+    frames (from the start, zero-padded, for a clip shorter than the segment)."""
+    length = (segment_frames - 1) * hop_length
+    last_start = tf.maximum(mel_length - segment_frames, 0)  # [B] frames
+    draw = tf.random.uniform(tf.shape(mel_length), 0.0, 1.0, seed=seed)
+    start = tf.cast(tf.floor(draw * tf.cast(last_start + 1, tf.float32)), tf.int32) * hop_length
+    padded = tf.pad(waveforms, [[0, 0], [0, length]])
+    index = start[:, None] + tf.range(length)[None]
+    return tf.gather(padded, index, batch_dims=1)
+
+
+class VocoderTrainer(keras.Model):
+    """Trains a `Vocoder` on waveform batches ({"audio": [B, n], "mel_length": [B]}): `fit` drives it."""
+
+    def __init__(self, vocoder: Vocoder, segment_frames: int = 32, **kwargs):
+        super().__init__(**kwargs)
+        self.vocoder, self.segment_frames = vocoder, segment_frames
+        self.trackers = {name: keras.metrics.Mean(name=name) for name in ("loss", "mel_loss", "stft_loss")}
+
+    @property
+    def metrics(self):
+        return list(self.trackers.values())
+
+    def call(self, log_mel, training=False):
+        return self.vocoder(log_mel, training=training)
+
+    def losses_of(self, batch, training=False) -> dict:
+        segment = random_segments(batch["audio"], batch["mel_length"], self.segment_frames, self.vocoder.data_config.hop_length)
+        return self.segment_losses(segment, training=training)
+
+    def segment_losses(self, segment, training=False) -> dict:
+        """The losses of vocoding the log-mel of `segment` [B, samples] back into it."""
+        c = self.vocoder.data_config
+        target_mel = audio.log_mel(segment, c)  # [B, frames, n_mels]
+        predicted = self.vocoder(target_mel, training=training)
+        mel_loss = tf.reduce_mean(tf.abs(audio.log_mel(predicted, c) - target_mel))
+        stft_loss = multi_resolution_stft_loss(segment, predicted)
+        return {"loss": mel_loss + stft_loss, "mel_loss": mel_loss, "stft_loss": stft_loss}
+
+    def train_step(self, batch):
+        with tf.GradientTape() as tape:
+            losses = self.losses_of(batch, training=True)
+        variables = self.vocoder.trainable_variables
+        self.optimizer.apply(tape.gradient(losses["loss"], variables), variables)
+        for name, tracker in self.trackers.items():
+            tracker.update_state(losses[name])
+        return {name: tracker.result() for name, tracker in self.trackers.items()}
+
+    def test_step(self, batch):
+        losses = self.losses_of(batch)
+        for name, tracker in self.trackers.items():
+            tracker.update_state(losses[name])
+        return {name: tracker.result() for name, tracker in self.trackers.items()}

@@ -1,0 +1,68 @@
+"""The neural vocoder (issue 27, started): shapes, its untrained output, and a few steps that learn."""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from conftest import tiny_config
+from myxtts.data.manifest import read_manifest
+from myxtts.data.pipeline import build_dataset, build_vocabulary
+from myxtts.models import griffin_lim
+from myxtts.models.vocoder import Vocoder, VocoderTrainer, multi_resolution_stft_loss, random_segments
+
+
+@pytest.fixture(scope="module")
+def waveform_batch(demo_corpus):
+    config = tiny_config(demo_corpus, "data.mel_on_device=true")
+    rows = read_manifest(demo_corpus)
+    batch = next(iter(build_dataset(config, rows, training=True, vocabulary=build_vocabulary(rows, config.data))))
+    return config.data, {"audio": batch["audio"], "mel_length": batch["mel_length"]}
+
+
+def test_untrained_vocoder_speaks_the_prior_magnitude_at_phase_zero(waveform_batch):
+    c, batch = waveform_batch
+    segment = random_segments(batch["audio"], batch["mel_length"], 32, c.hop_length, seed=1)
+    assert segment.shape == (batch["audio"].shape[0], 31 * c.hop_length)
+    from myxtts.data import audio
+
+    log_mel = audio.log_mel(segment, c)
+    vocoder = Vocoder(c, size="tiny")
+    out = vocoder(log_mel)
+    assert out.shape == segment.shape
+    prior = griffin_lim.mel_to_magnitude(log_mel, c)
+    expected = griffin_lim.istft(tf.complex(tf.exp(tf.math.log(prior + 1e-5)), tf.zeros_like(prior)), c)
+    np.testing.assert_allclose(out.numpy(), expected.numpy(), atol=1e-5)
+
+
+def test_random_segments_lie_inside_each_clip(waveform_batch):
+    c, batch = waveform_batch
+    hop, frames = c.hop_length, 16
+    segments = random_segments(batch["audio"], batch["mel_length"], frames, hop, seed=3).numpy()
+    waveforms = batch["audio"].numpy()
+    for row, segment in enumerate(segments):
+        starts = [s for s in range(0, waveforms.shape[1] - len(segment) + 1, hop)
+                  if np.array_equal(waveforms[row, s:s + len(segment)], segment)]
+        assert starts and starts[0] // hop + frames <= int(batch["mel_length"][row]), row
+
+
+def test_the_stft_loss_is_zero_for_the_target_and_grows_with_noise():
+    rng = np.random.default_rng(0)
+    target = tf.constant(rng.normal(0, 0.1, (2, 8192)).astype(np.float32))
+    assert float(multi_resolution_stft_loss(target, target)) == pytest.approx(0.0, abs=1e-6)
+    small = multi_resolution_stft_loss(target, target + 0.01 * tf.constant(rng.normal(size=(2, 8192)).astype(np.float32)))
+    large = multi_resolution_stft_loss(target, target + 0.1 * tf.constant(rng.normal(size=(2, 8192)).astype(np.float32)))
+    assert 0.0 < float(small) < float(large)
+
+
+def test_a_tiny_vocoder_learns_in_a_few_steps(waveform_batch):
+    c, batch = waveform_batch
+    keras.utils.set_random_seed(0)
+    trainer = VocoderTrainer(Vocoder(c, size="tiny"), segment_frames=32)
+    trainer.compile(optimizer=keras.optimizers.Adam(3e-3), jit_compile=False)
+    fixed = random_segments(batch["audio"], batch["mel_length"], 32, c.hop_length, seed=5)
+    before = {k: float(v) for k, v in trainer.segment_losses(fixed).items()}
+    trainer.fit(tf.data.Dataset.from_tensors(batch).repeat(), steps_per_epoch=40, epochs=1, verbose=0)
+    after = {k: float(v) for k, v in trainer.segment_losses(fixed).items()}
+    assert after["loss"] < 0.85 * before["loss"], (before, after)
+    assert after["mel_loss"] < before["mel_loss"] and after["stft_loss"] < before["stft_loss"], (before, after)
