@@ -59,3 +59,21 @@ def test_fused_adamw_writes_the_ops_it_says():
 def test_amsgrad_is_refused():
     with pytest.raises(ValueError, match="amsgrad"):
         FusedAdamW(amsgrad=True)
+
+
+def test_a_keras_adamw_checkpoint_restores_into_fused_adamw(tmp_path):
+    # Runs before FusedAdamW saved their optimizer as keras.optimizers.AdamW: same variables, same names.
+    variable = keras.Variable(tf.ones([3]), name="w")
+    saved = keras.optimizers.AdamW(1e-2, weight_decay=0.1)
+    saved.build([variable])
+    for _ in range(3):
+        saved.apply([tf.constant([0.5, -1.0, 2.0])], [variable])
+    path = tf.train.Checkpoint(optimizer=saved, variable=variable).save(str(tmp_path / "ckpt"))
+    fresh = keras.Variable(tf.zeros([3]), name="w")
+    restored = FusedAdamW(1e-2, weight_decay=0.1)
+    restored.build([fresh])
+    tf.train.Checkpoint(optimizer=restored, variable=fresh).restore(path).assert_consumed()
+    assert int(restored.iterations) == 3
+    for ours, theirs in zip(restored.variables, saved.variables):
+        np.testing.assert_array_equal(np.asarray(ours), np.asarray(theirs))
+    assert any(np.abs(np.asarray(v)).sum() > 0 for v in restored.variables[2:])  # the moments, not zeros
