@@ -72,25 +72,22 @@ def main(argv=None) -> int:
     print(f"vocoder {args.size}: {vocoder.count_params():,} parameters; "
           f"{len(train_rows)} training clips, segments of {args.segment_frames} frames, batch {args.batch_size}")
 
-    interval = 50
-    started = time.monotonic()
+    interval = 50  # updates per Keras epoch: the progress line and the backup come this often
 
     class Progress(keras.callbacks.Callback):
+        def on_train_begin(self, logs=None):  # after BackupAndRestore (listed first) restored the run
+            self.first, self.started = int(self.model.optimizer.iterations), time.monotonic()
+
         def on_epoch_end(self, epoch, logs=None):
             done = (epoch + 1) * interval
-            rate = (time.monotonic() - started) / max(done - first[0], 1)
+            rate = (time.monotonic() - self.started) / max(done - self.first, 1)
             print(f"step {done}/{args.steps}  loss {logs['loss']:.3f} (mel {logs['mel_loss']:.3f} stft {logs['stft_loss']:.3f})"
                   f"  {rate * 1000:.0f} ms/step  ETA {time.strftime('%H:%M:%S', time.gmtime(rate * (args.steps - done)))}",
                   flush=True)
 
-    first = [0]
-
-    class FirstEpoch(keras.callbacks.Callback):
-        def on_train_begin(self, logs=None):
-            first[0] = self.model.optimizer.iterations.numpy().item()
-
+    started = time.monotonic()
     trainer.fit(stream, steps_per_epoch=interval, epochs=math.ceil(args.steps / interval), verbose=0,
-                callbacks=[keras.callbacks.BackupAndRestore(str(out / "backup")), FirstEpoch(), Progress(),
+                callbacks=[keras.callbacks.BackupAndRestore(str(out / "backup")), Progress(),
                            keras.callbacks.TensorBoard(str(out / "logs"))])
     vocoder.save_weights(str(out / "vocoder.weights.h5"))
     print(f"weights: {out / 'vocoder.weights.h5'}; trained in {time.monotonic() - started:.0f} s")

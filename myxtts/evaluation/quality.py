@@ -36,10 +36,10 @@ def copy_synthesis(path: str, data_config, vocoder=None) -> CopySynthesis:
     import tensorflow as tf
 
     from myxtts.data import audio
-    from myxtts.evaluation.speech import _trimmed
+    from myxtts.evaluation.speech import trimmed_clip
     from myxtts.models.griffin_lim import log_mel_to_audio
 
-    recording, _ = _trimmed(path, data_config)
+    recording, _ = trimmed_clip(path, data_config)
     log_mel = audio.log_mel(recording, data_config)
     vocoded = (vocoder or (lambda mel: log_mel_to_audio(mel, data_config)))(log_mel)
     recording, vocoded = np.asarray(recording, np.float32), np.asarray(tf.convert_to_tensor(vocoded), np.float32)

@@ -99,7 +99,7 @@ class HeldOutSentences:
 
     def recording_mel(self, index: int) -> np.ndarray:
         """The log-mel of sentence `index`'s recording, as training sees it."""
-        return audio.log_mel(_trimmed(self.audio_paths[index], self.data_config)[0], self.data_config).numpy()
+        return audio.log_mel(trimmed_clip(self.audio_paths[index], self.data_config)[0], self.data_config).numpy()
 
     def measure(self, network, scorer: IntelligibilityScorer) -> SpeechReport:
         start = time.perf_counter()
@@ -115,7 +115,7 @@ def recordings_wer(rows: list[Utterance], data_config, scorer: IntelligibilitySc
     the same Griffin-Lim, through the same recognizer (an IntelligibilityResult)."""
     clips = []
     for u in rows:
-        mel = audio.log_mel(_trimmed(u.audio_path, data_config)[0], data_config).numpy()
+        mel = audio.log_mel(trimmed_clip(u.audio_path, data_config)[0], data_config).numpy()
         clips.append((_waveform(mel, data_config), data_config.sample_rate, u.text))
     return scorer.score(clips)
 
@@ -143,7 +143,7 @@ def alignment_errors(network, rows: list[Utterance], vocabulary: Vocabulary, dat
         if [name for name, _ in truth] != [name for _, name in spoken]:
             skipped += 1
             continue
-        samples, lead_in = _trimmed(row.audio_path, d)
+        samples, lead_in = trimmed_clip(row.audio_path, d)
         mel = audio.log_mel(samples, d)[None]
         tokens = tf.constant([vocabulary.encode(text, d.text_frontend)], tf.int32)
         mel_length, text_length = tf.shape(mel)[1:2], tf.shape(tokens)[1:2]
@@ -164,7 +164,7 @@ def _unstressed(phoneme: str) -> str:
     return phoneme.replace("ˈ", "").replace("ˌ", "")
 
 
-def _trimmed(path: str, d):
+def trimmed_clip(path: str, d):
     """The clip as training sees it (resampled, trimmed, peak-normalised) and the samples cut from its start."""
     samples, rate = audio.load_wav(tf.constant(path))
     samples = audio.resample_to(samples, rate, d.sample_rate, source=path)
@@ -176,7 +176,7 @@ def _trimmed(path: str, d):
 
 
 def _recorded_frames(path: str, d) -> int:
-    return d.frames_for_samples(int(tf.shape(_trimmed(path, d)[0])[0]))
+    return d.frames_for_samples(int(tf.shape(trimmed_clip(path, d)[0])[0]))
 
 
 def _waveform(log_mel, d) -> np.ndarray:

@@ -34,7 +34,7 @@ from myxtts.data.manifest import Utterance, read_manifest
 from myxtts.data.phonemes import needs_phonemes, phonemize_utterances
 from myxtts.data.text import Vocabulary
 from myxtts.evaluation.speaker import SpeakerEncoder, cosine_similarity, identify
-from myxtts.evaluation.speech import HeldOutSentences, _trimmed, _waveform
+from myxtts.evaluation.speech import HeldOutSentences, trimmed_clip, _waveform
 
 # A centroid from fewer recordings than this is mostly the words, not the voice.
 MIN_CENTROID_CLIPS = 2
@@ -140,7 +140,7 @@ def unseen_voices_for(config, train_rows, vocabulary, echo=print, heard_ok: bool
 
 
 def _recording(path: str, d) -> np.ndarray:
-    return _trimmed(path, d)[0].numpy()
+    return trimmed_clip(path, d)[0].numpy()
 
 
 def _score(encoder: SpeakerEncoder, waveforms, speakers, centroids, sample_rate) -> list[tuple[float, bool]]:

@@ -16,9 +16,10 @@ with `data.mel_on_device`), their log-mel computed in the step, and two losses a
 L1 between log-mels, and a multi-resolution STFT loss (spectral convergence + log magnitude at three
 FFT sizes). No discriminator yet.
 
-Status (issue 27): the network, its losses and its compiled train step, tested on the tiny size (the
-loss falls). Not yet: its training entry point, checkpoints, use in synthesis / validation / export,
-and any measured quality (the Griffin-Lim floor is in BENCHMARKS.md, "Sound quality").
+Status (issue 27): the network, its losses and its train step (tested on the tiny size: the loss
+falls), trained by `utilities/train_vocoder.py` and measured against Griffin-Lim there (BENCHMARKS.md,
+"Sound quality"). Not yet: use in synthesis / validation / export, the compiled-step machinery of
+`train()` (XLA, mixed precision, its checkpoints).
 """
 
 from __future__ import annotations
@@ -65,7 +66,7 @@ class Vocoder(keras.Model):
         if size not in VOCODER_SIZES:
             raise ValueError(f"vocoder size {size!r}: one of {', '.join(VOCODER_SIZES)}")
         dim, blocks = VOCODER_SIZES[size]
-        self.data_config, self.size = data_config, size
+        self.data_config, self.size, self.dim = data_config, size, dim
         self.bins = data_config.n_fft // 2 + 1
         self.embed = keras.layers.Conv1D(dim, 7, padding="same")
         self.blocks = [ConvNeXtBlock(dim, 1.0 / blocks, name=f"block_{i}") for i in range(blocks)]
@@ -79,7 +80,7 @@ class Vocoder(keras.Model):
     def build(self, input_shape=None):
         shape = (None, None, self.data_config.n_mels)
         self.embed.build(shape)
-        dim = VOCODER_SIZES[self.size][0]
+        dim = self.dim
         for block in self.blocks:
             block.build((None, None, dim))
         self.norm.build((None, None, dim))
@@ -109,10 +110,9 @@ STFT_RESOLUTIONS = ((512, 128), (1024, 256), (2048, 512))
 def multi_resolution_stft_loss(target, predicted) -> tf.Tensor:
     """Mean over resolutions of spectral convergence + L1 of log magnitudes, [B, n] waveforms."""
     total = 0.0
-    for n_fft, hop in STFT_RESOLUTIONS:
-        window = lambda length, dtype: tf.signal.hann_window(length, dtype=dtype)  # noqa: E731
-        t = tf.abs(tf.signal.stft(target, n_fft, hop, n_fft, window_fn=window))
-        p = tf.abs(tf.signal.stft(predicted, n_fft, hop, n_fft, window_fn=window))
+    for n_fft, hop in STFT_RESOLUTIONS:  # tf.signal.stft's default window: periodic Hann
+        t = tf.abs(tf.signal.stft(target, n_fft, hop, n_fft))
+        p = tf.abs(tf.signal.stft(predicted, n_fft, hop, n_fft))
         convergence = tf.norm(t - p) / tf.maximum(tf.norm(t), 1e-7)
         log_magnitude = tf.reduce_mean(tf.abs(tf.math.log(t + 1e-5) - tf.math.log(p + 1e-5)))
         total += convergence + log_magnitude
