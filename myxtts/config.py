@@ -145,6 +145,7 @@ class TrainingConfig:
     voice_sentences: int = 2
     speaker_loss_weight: float = 0.0
     init_from: str = ""
+    vocoder: str = ""
 
 
 InputRoute = Literal["auto", "keys", "on_the_fly", "cached_features", "mel_on_device"]

@@ -27,7 +27,9 @@ a client makes with espeak-ng itself; the characters front end takes the text.
 
 There is no decoding loop to put in the graph: the model is not autoregressive (`models/xtts.py`),
 so a sentence is one parallel pass, the same computation as `models.inference.generate`, followed by
-the same Griffin-Lim (`models.griffin_lim`, 32 iterations, seed 0) as `utilities/synthesize.py`.
+the same vocoder as `utilities/synthesize.py`: the run's neural vocoder when it has one (RUN/vocoder,
+`models/vocoder.py`; `vocoder=` picks another or "griffin-lim"), else Griffin-Lim (`models.griffin_lim`,
+32 iterations, seed 0). settings.json names which (`vocoder`: "neural" or "griffin-lim").
 
 `<out>` is written beside itself first and moved into place at the end, so a failed export leaves
 what was there. It may be a new or empty folder, or an earlier export (the files above and nothing
@@ -61,14 +63,15 @@ MAX_TOKENS = 512
 
 
 def export_run(run_dir: str | os.PathLike, out_dir: str | os.PathLike, checkpoint: str | None = None,
-               tflite: bool = False, echo=print) -> dict:
+               tflite: bool = False, echo=print, vocoder: str | None = None) -> dict:
     """Write the SavedModel (and with `tflite` the TFLite file) of a run; returns what was written.
+    `vocoder`: a vocoder folder or "griffin-lim"; by default the run's own (`synthesis.vocoder_folder`).
 
     Raises `ExportFolderError` (nothing written) when `out_dir` is neither new, empty nor an earlier export.
     """
     check_export_target(out_dir, run_dir)  # before minutes of loading and tracing
-    synthesizer = Synthesizer.from_run(run_dir, checkpoint)
-    network, d, vocabulary = synthesizer.network, synthesizer.config.data, synthesizer.vocabulary
+    synthesizer = Synthesizer.from_run(run_dir, checkpoint, vocoder=vocoder)
+    network, d, vocabulary, neural = synthesizer.network, synthesizer.config.data, synthesizer.vocabulary, synthesizer.vocoder
     table = vocabulary.lookup_table()
     n_mels = d.n_mels
 
@@ -88,12 +91,15 @@ def export_run(run_dir: str | os.PathLike, out_dir: str | os.PathLike, checkpoin
         tokens, reference_mel, reference_length, max_frames = checked_inputs(
             tokens, reference_mel, reference_length, max_frames, len(vocabulary))
         mel = synthesize_sentence(network, tokens, reference_mel, reference_length, max_frames)
-        return {"audio": log_mel_to_audio(mel, d), "mel": mel}
+        audio = log_mel_to_audio(mel, d) if neural is None else neural(mel[None])[0]
+        return {"audio": audio, "mel": mel}
 
     out = Path(out_dir)
     with staged(out) as folder:
         archive = keras.export.ExportArchive()
         archive.track(network)
+        if neural is not None:
+            archive.track(neural)
         archive.track(table)
         archive.add_endpoint("reference_mel", reference_mel)
         archive.add_endpoint("tokenize", tokenize_text)
@@ -102,14 +108,15 @@ def export_run(run_dir: str | os.PathLike, out_dir: str | os.PathLike, checkpoin
         assets = folder / "assets"
         assets.mkdir(exist_ok=True)
         vocabulary.save(assets / "vocab.txt")
-        settings = {**{key: getattr(d, key) for key in SETTINGS_KEYS}, "max_tokens": MAX_TOKENS}
+        settings = {**{key: getattr(d, key) for key in SETTINGS_KEYS}, "max_tokens": MAX_TOKENS,
+                    "vocoder": "griffin-lim" if neural is None else "neural"}
         (assets / "settings.json").write_text(json.dumps(settings, indent=2) + "\n", encoding="utf-8")
         if tflite:
             from myxtts.export_tflite import convert
 
-            (folder / "model.tflite").write_bytes(convert(network, d))
-    written = {"saved_model": str(out)}
-    echo(f"wrote the SavedModel {out} (endpoints reference_mel, tokenize, synthesize)")
+            (folder / "model.tflite").write_bytes(convert(network, d, neural))
+    written = {"saved_model": str(out), "vocoder": settings["vocoder"]}
+    echo(f"wrote the SavedModel {out} (endpoints reference_mel, tokenize, synthesize; audio by {settings['vocoder']})")
     if tflite:
         path = out / "model.tflite"
         written["tflite"] = str(path)

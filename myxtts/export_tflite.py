@@ -10,7 +10,9 @@ error of ours): a client applies the same rules (`export.checked_inputs`: 1 to s
 `max_tokens` ids, none of them 0 or 1, none past assets/vocab.txt's last line).
 
 The network is the SavedModel's (`export.py`), its weights folded in as constants
-(`compat.frozen_function`); what differs is Griffin-Lim. TFLite has a kernel for
+(`compat.frozen_function`), and so is the neural vocoder when the export has one: its network is
+TFLite's ordinary ops, and its inverse STFT is the DFT-matrix `_istft` below. What differs is
+Griffin-Lim (or the vocoder's inverse STFT). TFLite has a kernel for
 the forward real FFT but none for its inverse, nor for complex division, so here the STFT and its
 inverse are products with the real DFT matrices (cosines and sines of n_fft x n_fft // 2 + 1), and
 the phase is kept as two real tensors. It is the same algorithm as `models.griffin_lim` (same window,
@@ -34,8 +36,9 @@ from myxtts.models.inference import synthesize_sentence
 ITERATIONS, MOMENTUM, SEED = 32, 0.99, 0  # as `griffin_lim.log_mel_to_audio`'s defaults
 
 
-def convert(network, data_config) -> bytes:
-    """The TFLite flatbuffer of `network` + real-arithmetic Griffin-Lim for `data_config`."""
+def convert(network, data_config, vocoder=None) -> bytes:
+    """The TFLite flatbuffer of `network` + `vocoder` (a models.vocoder.Vocoder; None: real-arithmetic
+    Griffin-Lim) for `data_config`."""
     d = data_config
     if d.n_fft % d.hop_length:
         raise ValueError(f"TFLite export needs data.n_fft ({d.n_fft}) to be a multiple of data.hop_length ({d.hop_length})")
@@ -45,7 +48,8 @@ def convert(network, data_config) -> bytes:
         tf.TensorSpec([None], tf.int32), tf.TensorSpec([], tf.int32)])
     def synthesize(tokens, reference_mel, reference_length, max_frames):
         mel = synthesize_sentence(network, tokens, reference_mel, reference_length, max_frames)
-        return {"audio": griffin_lim_real(mel_to_magnitude(mel, d), d), "mel": mel}
+        return {"audio": griffin_lim_real(mel_to_magnitude(mel, d), d) if vocoder is None else neural_real(vocoder, mel, d),
+                "mel": mel}
 
     converter = tf.lite.TFLiteConverter.from_concrete_functions([frozen_function(synthesize.get_concrete_function())])
     converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS]
@@ -70,6 +74,12 @@ def griffin_lim_real(magnitude, d, iterations: int = ITERATIONS, momentum: float
     _, real, imag, _, _ = tf.while_loop(lambda i, *_: i < iterations, body,
                                         (tf.constant(0), real, imag, previous_real, previous_imag))
     return _istft(magnitude * real, magnitude * imag, d, cos, sin)
+
+
+def neural_real(vocoder, log_mel, d):
+    """`vocoder(log_mel[None])[0]` with the inverse STFT in real arithmetic: [(frames - 1) * hop] samples."""
+    real, imag = vocoder.spectrum(log_mel[None])
+    return _istft(real[0], imag[0], d, *_dft(d.n_fft))
 
 
 def _dft(n_fft: int):

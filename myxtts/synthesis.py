@@ -24,8 +24,9 @@ from myxtts.config import Config, load_run_config
 from myxtts.data.phonemes import model_text
 from myxtts.data.pipeline import reference_log_mel
 from myxtts.data.text import UNK_ID, Vocabulary, symbols, tokenize
-from myxtts.models.griffin_lim import log_mel_to_audio, write_wav
+from myxtts.models.griffin_lim import write_wav
 from myxtts.models.inference import generate
+from myxtts.models.vocoder import Vocoder, is_vocoder_folder, load_vocoder, waveform_maker
 from myxtts.models.xtts import XTTS, network_for
 
 
@@ -37,15 +38,39 @@ class UnknownSymbols(ValueError):
         self.symbols = unknown
 
 
+GRIFFIN_LIM = "griffin-lim"
+RUN_VOCODER = "vocoder"  # RUN/vocoder: the run's own vocoder (train_vocoder.py --run RUN writes it)
+
+
+def vocoder_folder(run_dir, config: Config, choice: str | None = None) -> str | None:
+    """Where the vocoder to speak with lies, or None for Griffin-Lim: `choice` when given (a vocoder
+    folder, or "griffin-lim"); else the run's own (RUN/vocoder); else the config's `training.vocoder`."""
+    if choice:
+        return None if choice == GRIFFIN_LIM else str(choice)
+    if run_dir is not None and is_vocoder_folder(Path(run_dir) / RUN_VOCODER):
+        return str(Path(run_dir) / RUN_VOCODER)
+    return config.training.vocoder or None
+
+
+def run_vocoder(run_dir, config: Config, choice: str | None = None) -> Vocoder | None:
+    """The loaded vocoder `vocoder_folder` names (None: Griffin-Lim); errors name the folder and what is wrong."""
+    folder = vocoder_folder(run_dir, config, choice)
+    return None if folder is None else load_vocoder(folder, config.data)
+
+
 class Synthesizer:
-    def __init__(self, network: XTTS, config: Config, vocabulary: Vocabulary, run_dir: str | os.PathLike | None = None):
+    def __init__(self, network: XTTS, config: Config, vocabulary: Vocabulary, run_dir: str | os.PathLike | None = None,
+                 vocoder: Vocoder | None = None):
         self.network, self.config, self.vocabulary = network, config, vocabulary
         self.run_dir = run_dir  # named in messages; None for a synthesizer built in memory
+        self.vocoder = vocoder  # None: Griffin-Lim
+        self.to_audio = waveform_maker(config.data, vocoder)
         self._table = vocabulary.lookup_table()
 
     @classmethod
-    def from_run(cls, run_dir: str | os.PathLike, checkpoint: str | None = None) -> "Synthesizer":
-        """Load `run_dir`'s config.yaml and vocab.txt, and `checkpoint` (default: best_mel, else latest)."""
+    def from_run(cls, run_dir: str | os.PathLike, checkpoint: str | None = None, vocoder: str | None = None) -> "Synthesizer":
+        """Load `run_dir`'s config.yaml and vocab.txt, and `checkpoint` (default: best_mel, else latest).
+        `vocoder`: a vocoder folder or "griffin-lim"; by default the run's own (`vocoder_folder`)."""
         from myxtts.training.checkpoints import find_checkpoint, restore_network
         from myxtts.training.run_folder import read_vocabulary
 
@@ -58,7 +83,7 @@ class Synthesizer:
         network.build()
         path = checkpoint or find_checkpoint(run_dir)
         restore_network(network, path)
-        return cls(network, config, vocabulary, run_dir)
+        return cls(network, config, vocabulary, run_dir, run_vocoder(run_dir, config, vocoder))
 
     def reference(self, paths) -> tuple[tf.Tensor, tf.Tensor]:
         """Reference mels [N, R, n_mels] and lengths [N] for one or more clips of the voice."""
@@ -137,7 +162,7 @@ class Synthesizer:
         mel, length = generate(self.network, tokens, reference_mel, reference_length, max_frames=max_frames,
                                average_references=len(reference_paths) > 1, duration_scale=duration_scale)
         mel = mel[0, : int(length[0])]
-        return log_mel_to_audio(mel, d), mel
+        return self.to_audio(mel), mel
 
     def synthesize_to_file(self, text: str, reference_paths, out_path: str | os.PathLike, drop_unknown: bool = False) -> dict:
         """Write the WAV; the result says how long it is, how fast it came, and which unknown symbols
@@ -153,7 +178,7 @@ class Synthesizer:
                 "dropped": dropped}
 
 
-def validation_sample(run_dir: str | os.PathLike, out_path: str | os.PathLike) -> dict:
+def validation_sample(run_dir: str | os.PathLike, out_path: str | os.PathLike, vocoder: str | None = None) -> dict:
     """Speak a held-out sentence in its own speaker's voice (another clip as the reference), and
     measure it against the held-out recording of the same sentence: duration ratio and loudness.
 
@@ -164,7 +189,7 @@ def validation_sample(run_dir: str | os.PathLike, out_path: str | os.PathLike) -
     from myxtts.data.pipeline import assign_references
     from myxtts.data.splits import load_splits
 
-    synthesizer = Synthesizer.from_run(run_dir)
+    synthesizer = Synthesizer.from_run(run_dir, vocoder=vocoder)
     train_rows, val_rows = load_splits(synthesizer.config)
     target = val_rows[0]
     voice = [u for u in train_rows if u.speaker == target.speaker] or [target]

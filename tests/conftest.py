@@ -118,3 +118,21 @@ def trained_run(demo_corpus, unseen_voices_corpus, tmp_path_factory):
 def trained_result(trained_run):
     """The trained run's TrainResult fields (a dict), as `train()` returned them."""
     return json.loads((trained_run.parent / "result.json").read_text(encoding="utf-8"))
+
+
+def make_vocoder_folder(data_config, folder):
+    """A tiny vocoder (models/vocoder.py) with random heads, saved to `folder` (an untrained one
+    would give only the prior magnitude at phase zero, the same whatever the network)."""
+    import keras
+    import numpy as np
+
+    from myxtts.models.vocoder import Vocoder, save_vocoder
+
+    keras.utils.set_random_seed(7)
+    vocoder = Vocoder(data_config, size="tiny")
+    vocoder.build()
+    rng = np.random.default_rng(7)
+    for head, scale in ((vocoder.magnitude_head, 0.05), (vocoder.phase_head, 0.5)):
+        head.kernel.assign(rng.normal(0, scale, head.kernel.shape).astype(np.float32))
+    save_vocoder(vocoder, folder)
+    return vocoder

@@ -191,3 +191,38 @@ def test_the_saved_model_checks_its_inputs_and_names_the_rule(exported):
                             (dict(max_frames=0), "max_frames must be at least 1")):
         with pytest.raises(tf.errors.InvalidArgumentError, match=message):
             speak([2, 3], **kwargs)
+
+
+def test_the_exported_models_speak_through_the_neural_vocoder(trained_run, demo_corpus, tmp_path):
+    """With a vocoder (issue 27), both exports speak through it; TFLite inverts its spectrum with DFT matrices."""
+    from myxtts.config import load_run_config
+    from conftest import make_vocoder_folder
+
+    vocoder_folder = tmp_path / "vocoder"
+    make_vocoder_folder(load_run_config(trained_run / "config.yaml").data, vocoder_folder)
+    out = tmp_path / "exported"
+    assert export_model.main(["--run", str(trained_run), "--out", str(out), "--tflite", "--vocoder", str(vocoder_folder)]) == 0
+    assert json.loads((out / "assets" / "settings.json").read_text())["vocoder"] == "neural"
+
+    reference = str(sorted((demo_corpus / "wavs").glob("*.wav"))[0])
+    synthesizer = Synthesizer.from_run(trained_run, vocoder=str(vocoder_folder))
+    d = synthesizer.config.data
+    audio, mel = synthesizer.synthesize(TEXT, [reference])
+    completed = subprocess.run([sys.executable, "-c", CLIENT, str(out), reference, model_text(TEXT, d.text_frontend, d.language),
+                                "1"], capture_output=True, text=True, timeout=300)
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    client = np.load(out / "client.npz")
+    np.testing.assert_allclose(client["saved_mel"], mel.numpy(), atol=1e-4)
+    np.testing.assert_allclose(client["lite_mel"], mel.numpy(), atol=1e-4)
+    # No iterations to carry rounding: the same network, one inverse STFT (an FFT here, DFT matrix
+    # products in TFLite). Stated tolerance: 60 dB signal-to-difference for both.
+    for key in ("saved_audio", "lite_audio"):
+        assert client[key].shape == audio.numpy().shape, key
+        assert _snr_db(client[key], audio.numpy()) >= 60.0, key
+    assert _snr_db(client["lite_audio"], griffin_lim_audio(mel, d)) < 20.0  # not Griffin-Lim's
+
+
+def griffin_lim_audio(mel, d):
+    from myxtts.models.griffin_lim import log_mel_to_audio
+
+    return log_mel_to_audio(mel, d).numpy()

@@ -7,7 +7,8 @@ The SavedModel needs only TensorFlow to load (`tf.saved_model.load`, TF Serving)
 reference_mel(wav_bytes), tokenize(phonemes) and synthesize(tokens, reference_mel, reference_length,
 max_frames) -> audio, mel; the vocabulary and audio settings are in its assets/ folder. The TFLite
 model (<out>/model.tflite) takes tokens and reference mels and returns mel and audio, built-in ops
-only. See myxtts/export.py, and the README's "Serve it".
+only. Both speak through the run's neural vocoder when it has one (RUN/vocoder), else Griffin-Lim;
+--vocoder FOLDER or --vocoder griffin-lim picks. See myxtts/export.py, and the README's "Serve it".
 """
 
 import argparse
@@ -23,6 +24,8 @@ def main(argv=None) -> int:
     p.add_argument("--checkpoint", default=None,
                    help="best_wer | best_mel | latest, or a checkpoint prefix (default: best_wer, else best_mel, else latest)")
     p.add_argument("--tflite", action="store_true", help="also write <out>/model.tflite")
+    p.add_argument("--vocoder", default=None, metavar="FOLDER",
+                   help="a vocoder folder (train_vocoder.py --output-dir) or griffin-lim (default: the run's own, else Griffin-Lim)")
     args = p.parse_args(argv)
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -36,7 +39,7 @@ def main(argv=None) -> int:
             checkpoint = find_checkpoint(run / "checkpoints" / args.checkpoint)
         elif args.checkpoint:
             checkpoint = args.checkpoint
-        export_run(run, args.out, checkpoint, tflite=args.tflite)
+        export_run(run, args.out, checkpoint, tflite=args.tflite, vocoder=args.vocoder)
     except (FileNotFoundError, ValueError, CheckpointError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

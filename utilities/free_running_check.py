@@ -1,14 +1,15 @@
 #!/usr/bin/env python3
 """Does a trained run say its sentences? Every validation sentence spoken from its text alone, measured.
 
-    python utilities/free_running_check.py --run runs/demo [--sentences 24] [--json report.json]
+    python utilities/free_running_check.py --run runs/demo [--sentences 24] [--json report.json] [--quality]
 
 For each validation clip of the run: synthesis of its text in its own voice (another clip of the
-speaker as the reference, durations predicted, nothing taken from the recording), Griffin-Lim, and
-an offline recognizer (pocketsphinx, with a language model of the corpus's own sentences). Printed:
+speaker as the reference, durations predicted, nothing taken from the recording), the run's vocoder
+(RUN/vocoder when train_vocoder.py made one, else Griffin-Lim; --vocoder picks another), and an
+offline recognizer (pocketsphinx, with a language model of the corpus's own sentences). Printed:
 
 - the word error rate of the syntheses, beside the recordings' own WER through the same log-mel
-  and Griffin-Lim (the ceiling: what the recognizer makes of perfect features), per sentence too;
+  and vocoder (the ceiling: what the recognizer makes of perfect features), per sentence too;
 - the length of each synthesis against its recording's (trimmed) length;
 - where the demo corpus's espeak-ng phoneme timings exist: how far the model's learned alignment
   puts each phoneme's start from where espeak-ng started it (median and 90th percentile, ms);
@@ -16,7 +17,9 @@ an offline recognizer (pocketsphinx, with a language model of the corpus's own s
   voices training never heard, from one clip of each, and how close they sound to those voices by
   an independent speaker encoder (similarity and identification, beside the recordings' own);
   with --heard-voices, a corpus whose voices training used is measured too (new sentences in them:
-  a voice learned by fine-tuning, or training voices as what the decoder renders at best).
+  a voice learned by fine-tuning, or training voices as what the decoder renders at best);
+- with --quality: DNSMOS of the syntheses, and the vocoder's copy-synthesis of the sentences'
+  recordings (STOI, PESQ-WB when `pesq` is installed, DNSMOS) beside Griffin-Lim's (evaluation/quality.py).
 """
 
 from __future__ import annotations
@@ -41,6 +44,11 @@ def main(argv=None) -> int:
     parser.add_argument("--unseen-voices", default=None, metavar="CORPUS",
                         help="a corpus of voices training never used (default: the run's data.unseen_voices_data)")
     parser.add_argument("--voice-sentences", type=int, default=2, help="sentences spoken per unseen voice (default 2)")
+    parser.add_argument("--vocoder", default=None, metavar="FOLDER",
+                        help="a vocoder folder (train_vocoder.py --output-dir) or griffin-lim (default: the run's own, "
+                             "RUN/vocoder, else training.vocoder, else Griffin-Lim)")
+    parser.add_argument("--quality", action="store_true",
+                        help="also measure sound quality: DNSMOS of the syntheses, copy-synthesis against Griffin-Lim")
     parser.add_argument("--heard-voices", action="store_true",
                         help="measure --unseen-voices even where training used its voices (a fine-tuned voice; "
                              "training voices as the decoder's best)")
@@ -50,13 +58,14 @@ def main(argv=None) -> int:
 
     from myxtts.evaluation.intelligibility import IntelligibilityScorer, skip_reason
     from myxtts.evaluation.speech import HeldOutSentences, alignment_errors, recordings_wer
-    from myxtts.synthesis import Synthesizer
+    from myxtts.models.vocoder import VocoderMismatch
+    from myxtts.synthesis import Synthesizer, vocoder_folder
     from myxtts.training.checkpoints import CheckpointError
     from myxtts.training.run_setup import prepare_run
 
     try:
-        synthesizer = Synthesizer.from_run(args.run, args.checkpoint)
-    except (FileNotFoundError, CheckpointError) as error:
+        synthesizer = Synthesizer.from_run(args.run, args.checkpoint, vocoder=args.vocoder)
+    except (FileNotFoundError, CheckpointError, VocoderMismatch) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     config, network = synthesizer.config, synthesizer.network
@@ -64,8 +73,11 @@ def main(argv=None) -> int:
     text = prepare_run(config, args.run, resume="require", echo=lambda message: None).text
     train_rows, val_rows = text.train_rows, text.val_rows
     rows = val_rows[: args.sentences] if args.sentences else val_rows
-    sentences = HeldOutSentences.from_rows(rows, train_rows, synthesizer.vocabulary, config)
-    report = {"run": str(args.run), "sentences": len(rows)}
+    vocoder = synthesizer.vocoder
+    sentences = HeldOutSentences.from_rows(rows, train_rows, synthesizer.vocabulary, config, vocoder=vocoder)
+    vocoder_name = vocoder_folder(args.run, config, args.vocoder) or "griffin-lim"
+    print(f"vocoder: {vocoder_name}")
+    report = {"run": str(args.run), "sentences": len(rows), "vocoder": vocoder_name}
 
     reason = skip_reason(config.data.language)
     if reason:
@@ -75,12 +87,13 @@ def main(argv=None) -> int:
     else:
         scorer = IntelligibilityScorer([u.text for u in train_rows + val_rows], config.data.language)
         spoken = sentences.measure(network, scorer)
-        ceiling = recordings_wer(rows, config.data, scorer)
+        ceiling = recordings_wer(rows, config.data, scorer, vocoder)
+        mels = spoken.mels
         ratios = [len(m) / max(n, 1) for m, n in zip(spoken.mels, sentences.recorded_frames)]
         for row, ratio in zip(spoken.rows, ratios):
             print(f"{row.errors:2d}/{row.words:2d} words wrong, length x{ratio:.2f}: {row.reference!r} -> heard {row.hypothesis!r}")
         print(f"syntheses:  {spoken.summary}")
-        print(f"recordings: {ceiling.summary()} (the same log-mel and Griffin-Lim: the ceiling)")
+        print(f"recordings: {ceiling.summary()} (the same log-mel and vocoder: the ceiling)")
         report.update(wer=spoken.wer, recordings_wer=ceiling.wer,
                       per_sentence=[{"text": r.reference, "heard": r.hypothesis, "errors": r.errors, "words": r.words}
                                     for r in spoken.rows])
@@ -107,7 +120,8 @@ def main(argv=None) -> int:
             config, data=dataclasses.replace(config.data, unseen_voices_data=unseen),
             training=dataclasses.replace(config.training, voice_sentences=args.voice_sentences))
         try:
-            voices = unseen_voices_for(voice_config, train_rows, synthesizer.vocabulary, print, heard_ok=args.heard_voices)
+            voices = unseen_voices_for(voice_config, train_rows, synthesizer.vocabulary, print, heard_ok=args.heard_voices,
+                                       vocoder=vocoder)
         except ValueError as error:
             print(f"error: {error}", file=sys.stderr)
             return 2
@@ -119,9 +133,32 @@ def main(argv=None) -> int:
                                    "recordings_similarity": measured.ceiling_similarity,
                                    "recordings_identified": measured.ceiling_identified, "heard": list(measured.heard),
                                    "per_voice": measured.per_voice}
+    if args.quality:
+        report["quality"] = measure_quality(sentences, mels, rows, config.data)
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     return 0
+
+
+def measure_quality(sentences, mels, rows, d) -> dict:
+    """DNSMOS of the syntheses; copy-synthesis of the rows' recordings through the vocoder and Griffin-Lim."""
+    import numpy as np
+
+    from myxtts.evaluation import quality
+
+    scores = [quality.dnsmos(sentences.waveform(mel), d.sample_rate) for mel in mels]
+    synthesized = {key: float(np.mean([s[key] for s in scores])) for key in scores[0]}
+    print(f"quality: DNSMOS of the {len(mels)} syntheses: overall {synthesized['ovrl']:.2f}, P.808 {synthesized['p808']:.2f}")
+    paths = [u.audio_path for u in rows]
+    result = {"dnsmos_syntheses": synthesized}
+    makers = {"griffin-lim": None}
+    if sentences.vocoder is not None:
+        makers["vocoder"] = sentences.to_audio
+    for name, maker in makers.items():
+        copy = quality.measure_copy_synthesis(paths, d, maker)
+        print(f"quality: {copy.line(name)}")
+        result[f"copy_synthesis_{name}"] = vars(copy)
+    return result
 
 
 if __name__ == "__main__":

@@ -6,6 +6,9 @@
 --checkpoint takes a run folder (uses best_mel, else latest) or a checkpoint prefix. The text is
 phonemized as in training, with the run's data.text_frontend and data.language. Several
 --reference clips of one voice are averaged into one voice. --benchmark prints the real-time factor.
+The audio comes from the run's neural vocoder when it has one (RUN/vocoder, written by
+utilities/train_vocoder.py --run RUN; else the config's training.vocoder), else from Griffin-Lim;
+--vocoder FOLDER or --vocoder griffin-lim picks.
 A phoneme the run never trained on is an error naming it (the model would read it as <unk>);
 --drop-unknown leaves such phonemes out instead, and says which.
 """
@@ -24,6 +27,8 @@ def main(argv=None) -> int:
     p.add_argument("--out", default="out.wav", help="output WAV path (default out.wav)")
     p.add_argument("--drop-unknown", action="store_true",
                    help="leave out phonemes (characters) the run never trained on, and say which, instead of stopping")
+    p.add_argument("--vocoder", default=None, metavar="FOLDER",
+                   help="a vocoder folder (train_vocoder.py --output-dir) or griffin-lim (default: the run's own, else Griffin-Lim)")
     p.add_argument("--benchmark", action="store_true", help="synthesize twice (the first call compiles) and print the real-time factor")
     args = p.parse_args(argv)
 
@@ -34,7 +39,7 @@ def main(argv=None) -> int:
     run = Path(args.checkpoint)
     run_dir = run if run.is_dir() else next((p for p in run.parents if (p / "config.yaml").exists()), run)
     try:
-        synthesizer = Synthesizer.from_run(run_dir, None if run.is_dir() else str(run))
+        synthesizer = Synthesizer.from_run(run_dir, None if run.is_dir() else str(run), vocoder=args.vocoder)
         result = synthesizer.synthesize_to_file(args.text, args.reference, args.out, drop_unknown=args.drop_unknown)
         if args.benchmark:  # the first call traced the synthesis graph; time a warm one
             result = synthesizer.synthesize_to_file(args.text, args.reference, args.out, drop_unknown=args.drop_unknown)

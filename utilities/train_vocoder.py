@@ -1,17 +1,24 @@
 """Train the neural vocoder (myxtts/models/vocoder.py) on a corpus, then measure it against Griffin-Lim.
 
+    python utilities/train_vocoder.py --run runs/demo                  # the run's own: runs/demo/vocoder
     python utilities/train_vocoder.py --train-data demo_corpus --output-dir runs/vocoder --steps 2000
 
 Waveform batches come from the project's own pipeline (`data.mel_on_device`: the clips decoded,
 trimmed, normalised and bucketed natively, as training reads them); each step vocodes the log-mel of
 a random segment of every clip and compares it with the segment. Keras' `BackupAndRestore` keeps an
 interrupted run resumable: the same command continues from its last backup (every 50 steps; a run
-that finished removes its backup, and the same command then starts over). The weights are written to
-OUTPUT/vocoder.weights.h5 at the end. Then copy-synthesis of the validation clips through the vocoder
-and through Griffin-Lim is measured (STOI, PESQ-WB when `pesq` is installed, DNSMOS; see
-utilities/measure_quality.py) and written to OUTPUT/quality.json.
+that finished removes its backup, and the same command then starts over). The vocoder folder
+(OUTPUT/vocoder.weights.h5 and OUTPUT/vocoder.json, the features it was trained for) is written at
+the end. Then copy-synthesis of the validation clips through the vocoder and through Griffin-Lim is
+measured (STOI, PESQ-WB when `pesq` is installed, DNSMOS; see utilities/measure_quality.py) and
+written to OUTPUT/quality.json.
 
-Issue 27, started: the vocoder is not yet used by synthesis, validation, the demo or the export.
+With --run RUN, the vocoder is trained on the run's corpus with the run's features and written to
+RUN/vocoder, which makes it the run's own: synthesize.py, export_model.py, free_running_check.py
+and train_main.py's closing sample speak through it from then on (--vocoder griffin-lim there
+still picks Griffin-Lim). RUN/demo_sample.wav is spoken again through it (the Griffin-Lim one is
+kept as RUN/demo_sample_griffin_lim.wav). Elsewhere, a folder is used by naming it: --vocoder
+FOLDER in those tools, or training.vocoder for a run's validation.
 """
 
 from __future__ import annotations
@@ -29,9 +36,12 @@ ROOT = Path(__file__).resolve().parents[1]
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
-    parser.add_argument("--train-data", required=True, help="corpus folder or manifest")
-    parser.add_argument("--output-dir", required=True)
-    parser.add_argument("--config", default=str(ROOT / "configs" / "demo.yaml"), help="data.* settings (the features)")
+    parser.add_argument("--run", default=None, help="an acoustic model's run folder: train on its corpus and features, "
+                                                    "write RUN/vocoder (its own vocoder) and speak its demo sample again")
+    parser.add_argument("--train-data", default=None, help="corpus folder or manifest (default with --run: the run's)")
+    parser.add_argument("--output-dir", default=None, help="the vocoder folder to write (default with --run: RUN/vocoder)")
+    parser.add_argument("--config", default=None,
+                        help="data.* settings, the features (default: the run's config.yaml with --run, else configs/demo.yaml)")
     parser.add_argument("--size", default="base", choices=("tiny", "base"))
     parser.add_argument("--steps", type=int, default=2000, help="optimizer updates in all (a resumed run trains up to it)")
     parser.add_argument("--batch-size", type=int, default=16)
@@ -40,6 +50,10 @@ def main(argv=None) -> int:
     parser.add_argument("--quality-clips", type=int, default=10, help="validation clips to measure at the end (0: none)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override")
     args = parser.parse_args(argv)
+    if args.run is None and (args.train_data is None or args.output_dir is None):
+        parser.error("give --run RUN, or --train-data and --output-dir")
+    if args.run is not None and not (Path(args.run) / "config.yaml").is_file():
+        parser.error(f"--run {args.run}: not a training run folder (no config.yaml); pass train_main.py's --output-dir")
     sys.path.insert(0, str(ROOT))
 
     import keras
@@ -49,13 +63,17 @@ def main(argv=None) -> int:
     from myxtts.data.pipeline import Epochs, build_vocabulary
     from myxtts.data.splits import load_splits
     from myxtts.evaluation import quality
-    from myxtts.models.vocoder import Vocoder, VocoderTrainer
+    from myxtts.models.vocoder import Vocoder, VocoderTrainer, save_vocoder
     from myxtts.training.optimizers import FusedAdamW, WarmupHoldDecay
 
-    out = Path(args.output_dir)
+    from myxtts.synthesis import RUN_VOCODER
+
+    out = Path(args.output_dir or Path(args.run) / RUN_VOCODER)
     out.mkdir(parents=True, exist_ok=True)
-    config = load_config(args.config, overrides=[f"data.train_data={args.train_data}", "data.mel_on_device=true",
-                                                 f"data.batch_size={args.batch_size}", *args.set])
+    config_path = args.config or (Path(args.run) / "config.yaml" if args.run else ROOT / "configs" / "demo.yaml")
+    train_data = [f"data.train_data={args.train_data}"] if args.train_data else []
+    config = load_config(config_path, overrides=[*train_data, "data.mel_on_device=true", f"data.batch_size={args.batch_size}",
+                                                 *args.set])
     train_rows, val_rows = load_splits(config)
     vocabulary = build_vocabulary(train_rows + val_rows, config.data)
     stream = Epochs(config, train_rows, training=True, vocabulary=vocabulary).stream()
@@ -89,8 +107,8 @@ def main(argv=None) -> int:
     trainer.fit(stream, steps_per_epoch=interval, epochs=math.ceil(args.steps / interval), verbose=0,
                 callbacks=[keras.callbacks.BackupAndRestore(str(out / "backup")), Progress(),
                            keras.callbacks.TensorBoard(str(out / "logs"))])
-    vocoder.save_weights(str(out / "vocoder.weights.h5"))
-    print(f"weights: {out / 'vocoder.weights.h5'}; trained in {time.monotonic() - started:.0f} s")
+    save_vocoder(vocoder, out)
+    print(f"vocoder: {out}; trained in {time.monotonic() - started:.0f} s")
 
     if args.quality_clips and val_rows:
         paths = [u.audio_path for u in val_rows[: args.quality_clips]]
@@ -100,7 +118,18 @@ def main(argv=None) -> int:
         for name, report in reports.items():
             print(report.line(name))
         (out / "quality.json").write_text(json.dumps({name: vars(r) for name, r in reports.items()}, indent=2), encoding="utf-8")
+    if args.run and out.resolve() == (Path(args.run) / RUN_VOCODER).resolve():
+        speak_demo_sample(Path(args.run))
     return 0
+
+
+def speak_demo_sample(run: Path) -> None:
+    """RUN/demo_sample.wav through the run's vocoder, and the Griffin-Lim one beside it."""
+    from myxtts.synthesis import GRIFFIN_LIM, validation_sample
+
+    for name, vocoder in (("demo_sample_griffin_lim.wav", GRIFFIN_LIM), ("demo_sample.wav", None)):
+        sample = validation_sample(run, run / name, vocoder=vocoder)
+        print(f"{run / name}: {sample['text']!r} in {sample['speaker']}'s voice, {sample['audio_seconds']:.1f} s")
 
 
 if __name__ == "__main__":

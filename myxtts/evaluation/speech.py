@@ -6,9 +6,9 @@
 
 Each held-out sentence is spoken from its text alone (durations predicted, nothing taken from its
 recording) in its own speaker's voice, with another clip of that speaker as the reference, exactly
-as a user would synthesize it. The audio goes through the same Griffin-Lim as
-`utilities/synthesize.py`, then through the recognizer (`intelligibility.py`). The recordings'
-own WER through the same vocoder is the ceiling to read it against (`recordings_wer`).
+as a user would synthesize it. The audio goes through the same vocoder as `utilities/synthesize.py`
+(the neural vocoder passed in, else Griffin-Lim), then through the recognizer (`intelligibility.py`).
+The recordings' own WER through the same vocoder is the ceiling to read it against (`recordings_wer`).
 
 `alignment_errors` measures the learned alignment itself where ground truth exists (the demo
 corpus's espeak-ng phoneme timings): where the model's aligner puts each phoneme's start, against
@@ -32,8 +32,8 @@ from myxtts.data.pipeline import assign_references, reference_log_mel
 from myxtts.data.text import PAD_ID, Vocabulary, split_symbols
 from myxtts.evaluation.intelligibility import IntelligibilityScorer
 from myxtts.models.alignment import durations_of, viterbi_alignment
-from myxtts.models.griffin_lim import log_mel_to_audio
 from myxtts.models.inference import generate
+from myxtts.models.vocoder import waveform_maker
 
 # Sentences synthesized per call: a batch pads to its longest text and frame count.
 _BATCH = 8
@@ -52,17 +52,20 @@ class SpeechReport:
 class HeldOutSentences:
     """The sentences, their tokens, their speakers' reference clips and recorded lengths: built once."""
 
-    def __init__(self, texts, audio_paths, tokens, reference_mel, reference_length, recorded_frames, data_config):
+    def __init__(self, texts, audio_paths, tokens, reference_mel, reference_length, recorded_frames, data_config,
+                 vocoder=None):
         self.texts = list(texts)
         self.audio_paths = list(audio_paths)
         self.tokens = tokens  # [N, L] int32, PAD_ID-padded
         self.reference_mel, self.reference_length = reference_mel, reference_length
         self.recorded_frames = np.asarray(recorded_frames)
         self.data_config = data_config
+        self.vocoder = vocoder  # a models.vocoder.Vocoder, or None: Griffin-Lim
+        self.to_audio = waveform_maker(data_config, vocoder)
 
     @classmethod
     def from_rows(cls, rows: list[Utterance], train_rows: list[Utterance], vocabulary: Vocabulary, config,
-                  limit: int | None = None) -> "HeldOutSentences":
+                  limit: int | None = None, vocoder=None) -> "HeldOutSentences":
         """The first `limit` of `rows` (phonemized when the front end needs it). The voice reference
         of each is another clip of its speaker, chosen as the validation set chooses it."""
         d = config.data
@@ -70,11 +73,11 @@ class HeldOutSentences:
         if not rows:
             raise ValueError("no held-out sentences to measure")
         pool = rows + [u for u in train_rows if u.speaker in {r.speaker for r in rows}]
-        return cls.with_references(rows, assign_references(pool, config.seed)[: len(rows)], vocabulary, config)
+        return cls.with_references(rows, assign_references(pool, config.seed)[: len(rows)], vocabulary, config, vocoder)
 
     @classmethod
     def with_references(cls, rows: list[Utterance], references: list[str], vocabulary: Vocabulary,
-                        config) -> "HeldOutSentences":
+                        config, vocoder=None) -> "HeldOutSentences":
         """`rows` (phonemized when the front end needs it), each spoken in the voice of the clip at the
         same place in `references`."""
         d = config.data
@@ -84,7 +87,8 @@ class HeldOutSentences:
             tokens[i, : len(row)] = row
         mels, lengths = zip(*(reference_log_mel(tf.constant(path), d) for path in references))
         recorded = [_recorded_frames(u.audio_path, d) for u in rows]
-        return cls([u.text for u in rows], [u.audio_path for u in rows], tokens, tf.stack(mels), tf.stack(lengths), recorded, d)
+        return cls([u.text for u in rows], [u.audio_path for u in rows], tokens, tf.stack(mels), tf.stack(lengths), recorded, d,
+                   vocoder)
 
     def synthesize(self, network, limit: int | None = None) -> list[np.ndarray]:
         """Log-mels [frames, n_mels] of every sentence (or the first `limit`), each cut to its own length."""
@@ -101,22 +105,26 @@ class HeldOutSentences:
         """The log-mel of sentence `index`'s recording, as training sees it."""
         return audio.log_mel(trimmed_clip(self.audio_paths[index], self.data_config)[0], self.data_config).numpy()
 
+    def waveform(self, log_mel) -> np.ndarray:
+        """Samples of a log-mel [frames, n_mels] through this measure's vocoder."""
+        return self.to_audio(tf.constant(log_mel)).numpy()
+
     def measure(self, network, scorer: IntelligibilityScorer) -> SpeechReport:
         start = time.perf_counter()
         mels = self.synthesize(network)
         ratio = float(np.median([len(m) / max(n, 1) for m, n in zip(mels, self.recorded_frames)]))
         rate = self.data_config.sample_rate
-        result = scorer.score((_waveform(m, self.data_config), rate, text) for m, text in zip(mels, self.texts))
+        result = scorer.score((self.waveform(m), rate, text) for m, text in zip(mels, self.texts))
         return SpeechReport(result.wer, ratio, list(result.rows), time.perf_counter() - start, result.summary(), mels)
 
 
-def recordings_wer(rows: list[Utterance], data_config, scorer: IntelligibilityScorer):
+def recordings_wer(rows: list[Utterance], data_config, scorer: IntelligibilityScorer, vocoder=None):
     """The ceiling: the recordings of `rows`, trimmed as in training, to log-mel and back through
-    the same Griffin-Lim, through the same recognizer (an IntelligibilityResult)."""
-    clips = []
+    the same vocoder (`vocoder`, else Griffin-Lim), through the same recognizer (an IntelligibilityResult)."""
+    to_audio, clips = waveform_maker(data_config, vocoder), []
     for u in rows:
-        mel = audio.log_mel(trimmed_clip(u.audio_path, data_config)[0], data_config).numpy()
-        clips.append((_waveform(mel, data_config), data_config.sample_rate, u.text))
+        mel = audio.log_mel(trimmed_clip(u.audio_path, data_config)[0], data_config)
+        clips.append((to_audio(mel).numpy(), data_config.sample_rate, u.text))
     return scorer.score(clips)
 
 
@@ -178,6 +186,3 @@ def trimmed_clip(path: str, d):
 def _recorded_frames(path: str, d) -> int:
     return d.frames_for_samples(int(tf.shape(trimmed_clip(path, d)[0])[0]))
 
-
-def _waveform(log_mel, d) -> np.ndarray:
-    return log_mel_to_audio(tf.constant(log_mel), d).numpy()

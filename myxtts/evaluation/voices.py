@@ -34,7 +34,7 @@ from myxtts.data.manifest import Utterance, read_manifest
 from myxtts.data.phonemes import needs_phonemes, phonemize_utterances
 from myxtts.data.text import Vocabulary
 from myxtts.evaluation.speaker import SpeakerEncoder, cosine_similarity, identify
-from myxtts.evaluation.speech import HeldOutSentences, trimmed_clip, _waveform
+from myxtts.evaluation.speech import HeldOutSentences, trimmed_clip
 
 # A centroid from fewer recordings than this is mostly the words, not the voice.
 MIN_CENTROID_CLIPS = 2
@@ -76,7 +76,7 @@ class UnseenVoices:
     @classmethod
     def from_rows(cls, rows: list[Utterance], train_rows: list[Utterance], vocabulary: Vocabulary, config,
                   sentences_per_voice: int = 2, encoder: SpeakerEncoder | None = None,
-                  heard_ok: bool = False) -> "UnseenVoices":
+                  heard_ok: bool = False, vocoder=None) -> "UnseenVoices":
         d = config.data
         heard = {u.speaker for u in train_rows}
         by_voice: dict[str, list[Utterance]] = defaultdict(list)
@@ -103,16 +103,16 @@ class UnseenVoices:
             speakers += [voice] * sentences_per_voice
             rest = [_recording(u.audio_path, d) for u in clips[1 + sentences_per_voice:]]
             centroids[voice] = encoder.embed_speaker(rest, d.sample_rate)
-        sentences = HeldOutSentences.with_references(spoken, references, vocabulary, config)
-        # The ceiling: the recordings of the spoken sentences, through the same Griffin-Lim.
-        recordings = [_waveform(sentences.recording_mel(i), d) for i in range(len(spoken))]
+        sentences = HeldOutSentences.with_references(spoken, references, vocabulary, config, vocoder)
+        # The ceiling: the recordings of the spoken sentences, through the same vocoder.
+        recordings = [sentences.waveform(sentences.recording_mel(i)) for i in range(len(spoken))]
         ceiling = _totals(_score(encoder, recordings, speakers, centroids, d.sample_rate))
         return cls(sentences, speakers, centroids, ceiling, encoder, tuple(overlap))
 
     def measure(self, network) -> VoicesReport:
         start = time.perf_counter()
         d = self.sentences.data_config
-        waveforms = [_waveform(mel, d) for mel in self.sentences.synthesize(network)]
+        waveforms = [self.sentences.waveform(mel) for mel in self.sentences.synthesize(network)]
         scores = _score(self.encoder, waveforms, self.speakers, self.centroids, d.sample_rate)
         similarity, identified = _totals(scores)
         by_voice = defaultdict(list)
@@ -123,7 +123,8 @@ class UnseenVoices:
                             {voice: float(np.mean(cosines)) for voice, cosines in by_voice.items()})
 
 
-def unseen_voices_for(config, train_rows, vocabulary, echo=print, heard_ok: bool = False) -> "UnseenVoices | None":
+def unseen_voices_for(config, train_rows, vocabulary, echo=print, heard_ok: bool = False,
+                      vocoder=None) -> "UnseenVoices | None":
     """`data.unseen_voices_data` ready to measure at each validation (evaluation/voices.py), or None."""
     d, t = config.data, config.training
     if not d.unseen_voices_data or not t.voice_sentences:
@@ -132,8 +133,9 @@ def unseen_voices_for(config, train_rows, vocabulary, echo=print, heard_ok: bool
     if d.text_frontend == "phonemes" and any(needs_phonemes(u, d.language) for u in rows):
         rows = phonemize_utterances(rows, d.language, write_cache=False)
     voices = UnseenVoices.from_rows(rows, train_rows, vocabulary, config, sentences_per_voice=t.voice_sentences,
-                                    heard_ok=heard_ok)
-    echo(f"unseen voices: {len(voices.centroids)} from {d.unseen_voices_data}; their recordings through Griffin-Lim "
+                                    heard_ok=heard_ok, vocoder=vocoder)
+    through = "the vocoder" if vocoder is not None else "Griffin-Lim"
+    echo(f"unseen voices: {len(voices.centroids)} from {d.unseen_voices_data}; their recordings through {through} "
          f"score speaker similarity {voices.ceiling_similarity:.3f}, identified {voices.ceiling_identified}/"
          f"{len(voices.speakers)} (the ceiling of val_speaker_similarity / val_speaker_identified)")
     return voices

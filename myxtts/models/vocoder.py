@@ -24,11 +24,14 @@ falls), trained by `utilities/train_vocoder.py` and measured against Griffin-Lim
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import keras
 import tensorflow as tf
 
 from myxtts.data import audio
-from myxtts.models.griffin_lim import istft, mel_to_magnitude
+from myxtts.models.griffin_lim import istft, log_mel_to_audio, mel_to_magnitude
 
 # (width, blocks): `tiny` for tests; `base` is Vocos' width with half its depth.
 VOCODER_SIZES = {"tiny": (32, 2), "base": (512, 4)}
@@ -89,6 +92,12 @@ class Vocoder(keras.Model):
         self.built = True
 
     def call(self, log_mel, training=False):
+        real, imaginary = self.spectrum(log_mel)
+        return istft(tf.complex(real, imaginary), self.data_config)
+
+    def spectrum(self, log_mel):
+        """The frames' spectrum as (real, imaginary) float32 [B, T, bins]: what `call` inverts. Kept
+        real so that the TFLite export (no complex kernels there) inverts it with DFT matrices."""
         log_mel = tf.cast(log_mel, tf.float32)
         prior = mel_to_magnitude(log_mel, self.data_config)  # [B, T, bins], >= 0
         x = self.embed(tf.cast(log_mel, self.compute_dtype))
@@ -99,8 +108,68 @@ class Vocoder(keras.Model):
         magnitude = tf.exp(tf.minimum(log_magnitude, _MAX_LOG_MAGNITUDE))
         real, imaginary = tf.split(tf.cast(self.phase_head(x), tf.float32), 2, axis=-1)
         norm = tf.maximum(tf.sqrt(real * real + imaginary * imaginary), 1e-6)
-        spectrum = tf.complex(magnitude * real / norm, magnitude * imaginary / norm)
-        return istft(spectrum, self.data_config)
+        return magnitude * real / norm, magnitude * imaginary / norm
+
+
+# A vocoder folder (utilities/train_vocoder.py's --output-dir, or RUN/vocoder): the weights, and what
+# they were trained for. The features are checked against the acoustic run's before use: a vocoder
+# trained on other mels (another rate, hop, band count, floor) would speak noise without complaint.
+WEIGHTS_FILE, SETTINGS_FILE = "vocoder.weights.h5", "vocoder.json"
+FEATURE_KEYS = ("sample_rate", "n_fft", "hop_length", "win_length", "n_mels", "fmin", "mel_fmax", "mel_scale",
+                "power", "log_floor")
+
+
+class VocoderMismatch(ValueError):
+    """The vocoder folder's features differ from the run's."""
+
+
+def save_vocoder(vocoder: Vocoder, folder) -> None:
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    vocoder.save_weights(str(folder / WEIGHTS_FILE))
+    d = vocoder.data_config
+    settings = {"size": vocoder.size, "features": {key: getattr(d, key) for key in FEATURE_KEYS}}
+    (folder / SETTINGS_FILE).write_text(json.dumps(settings, indent=2) + "\n", encoding="utf-8")
+
+
+def is_vocoder_folder(folder) -> bool:
+    return (Path(folder) / WEIGHTS_FILE).is_file() and (Path(folder) / SETTINGS_FILE).is_file()
+
+
+def load_vocoder(folder, data_config) -> Vocoder:
+    """The vocoder saved in `folder` by `save_vocoder`, for mels made with `data_config`.
+
+    Raises FileNotFoundError naming what is missing, VocoderMismatch naming every feature key that differs."""
+    folder = Path(folder)
+    for name in (SETTINGS_FILE, WEIGHTS_FILE):
+        if not (folder / name).is_file():
+            raise FileNotFoundError(f"{folder} is not a vocoder folder (no {name}); pass the --output-dir of "
+                                    "utilities/train_vocoder.py, or griffin-lim")
+    settings = json.loads((folder / SETTINGS_FILE).read_text(encoding="utf-8"))
+    differ = [f"data.{key}: vocoder {settings['features'].get(key)!r}, run {getattr(data_config, key)!r}"
+              for key in FEATURE_KEYS if settings["features"].get(key) != getattr(data_config, key)]
+    if differ:
+        raise VocoderMismatch(f"{folder} was trained on other features than this run's ({'; '.join(differ)}); "
+                              "train a vocoder with the run's data settings (train_vocoder.py --run RUN)")
+    # Float32 whatever the global policy (a training run sets mixed_bfloat16): the vocoder was measured so.
+    policy = keras.config.dtype_policy()
+    keras.config.set_dtype_policy("float32")
+    try:
+        vocoder = Vocoder(data_config, size=settings["size"])
+        vocoder.build()
+    finally:
+        keras.config.set_dtype_policy(policy)
+    vocoder.load_weights(str(folder / WEIGHTS_FILE))
+    return vocoder
+
+
+def waveform_maker(data_config, vocoder: Vocoder | None = None):
+    """log-mel [frames, n_mels] -> samples float32 [(frames - 1) * hop]: through `vocoder`, or
+    Griffin-Lim (32 iterations, seed 0) when there is none. One traced function per maker."""
+    if vocoder is None:
+        return lambda log_mel: log_mel_to_audio(log_mel, data_config)
+    traced = tf.function(lambda log_mel: vocoder(log_mel[None])[0], reduce_retracing=True)
+    return lambda log_mel: traced(tf.convert_to_tensor(log_mel, tf.float32))
 
 
 # (n_fft, hop) of the multi-resolution STFT loss: around the features' own 1024 / 256.

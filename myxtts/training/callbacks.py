@@ -309,8 +309,8 @@ class SpeechCheck(keras.callbacks.Callback):
     Adds `val_wer` (word error rate of the recognizer on them, `myxtts.evaluation`) to the epoch's
     logs, so it is printed, written to TensorBoard and keeps the `best_wer` checkpoint like the
     losses do; it must therefore come before those callbacks. With `samples_dir`, the first
-    sentence's mel image and Griffin-Lim audio go to TensorBoard too (the recording once, for
-    comparison). `scorer` None: samples only (a language the recognizer does not hear).
+    sentence's mel image and audio (through the sentences' vocoder: `training.vocoder`, else
+    Griffin-Lim) go to TensorBoard too (the recording once, for comparison). `scorer` None: samples only (a language the recognizer does not hear).
     """
 
     def __init__(self, network, sentences, scorer, samples_dir: str | None, echo=print, voices=None):
@@ -342,18 +342,16 @@ class SpeechCheck(keras.callbacks.Callback):
             self._log_sample(optimizer_step(self.model), first)
 
     def _log_sample(self, step: int, mel) -> None:
-        from myxtts.models.griffin_lim import log_mel_to_audio
-
-        c = self.sentences.data_config
+        c, to_audio = self.sentences.data_config, self.sentences.to_audio
         mel = tf.constant(mel)
         with self.writer.as_default(step=step):
             if not self._logged_recording:
                 recording = tf.constant(self.sentences.recording_mel(0))
                 tf.summary.image("sample/recording_mel", _mel_image(recording, c), step=0)
-                tf.summary.audio("sample/recording_griffin_lim", _audio(log_mel_to_audio(recording, c)), c.sample_rate, step=0)
+                tf.summary.audio("sample/recording_vocoded", _audio(to_audio(recording)), c.sample_rate, step=0)
                 self._logged_recording = True
             tf.summary.image("sample/generated_mel", _mel_image(mel, c))
-            tf.summary.audio("sample/generated", _audio(log_mel_to_audio(mel, c)), c.sample_rate)
+            tf.summary.audio("sample/generated", _audio(to_audio(mel)), c.sample_rate)
             tf.summary.scalar("sample/generated_seconds", int(mel.shape[0]) / c.frames_per_second)
 
 

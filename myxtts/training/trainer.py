@@ -308,10 +308,17 @@ def _speech_check(config: Config, network, train_rows, val_rows, vocabulary, wor
         else:
             # The corpus's own sentences are the recognizer's language model (see intelligibility.py).
             scorer = IntelligibilityScorer([u.text for u in train_rows + val_rows], config.data.language)
-    sentences = HeldOutSentences.from_rows(val_rows, train_rows, vocabulary, config, limit=t.wer_sentences or 1)
+    vocoder = None
+    if t.vocoder:
+        from myxtts.models.vocoder import load_vocoder
+
+        vocoder = load_vocoder(t.vocoder, config.data)
+        echo(f"validation speaks through the neural vocoder in {t.vocoder} (training.vocoder)")
+    sentences = HeldOutSentences.from_rows(val_rows, train_rows, vocabulary, config, limit=t.wer_sentences or 1,
+                                           vocoder=vocoder)
     samples_dir = str(workdir / "logs" / "samples") if t.log_samples else None
     return SpeechCheck(network, sentences, scorer, samples_dir, echo,
-                       voices=unseen_voices_for(config, train_rows, vocabulary, echo))
+                       voices=unseen_voices_for(config, train_rows, vocabulary, echo, vocoder=vocoder))
 
 
 def build_training_model(config: Config, vocab_size: int, policy: str, sample_batch: dict,
