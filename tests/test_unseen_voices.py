@@ -50,3 +50,32 @@ def test_the_ceiling_is_the_recordings_own_score_and_names_their_voices(unseen_v
     # The spoken sentences are the ones after each voice's reference clip, none used for its centroid.
     first_voice = [u for u in rows if u.speaker == voices.speakers[0]]
     assert voices.sentences.texts[:2] == [u.text for u in first_voice[1:3]]
+
+
+def test_more_reference_clips_are_averaged_into_the_voice_of_the_same_sentences(unseen_voices_corpus, demo_corpus,
+                                                                                  trained_run):
+    import numpy as np
+    import tensorflow as tf
+
+    from myxtts.data.pipeline import reference_log_mel
+    from myxtts.models.inference import generate
+    from myxtts.synthesis import Synthesizer
+
+    synthesizer = Synthesizer.from_run(trained_run)
+    config, network = synthesizer.config, synthesizer.network
+    rows = read_manifest(unseen_voices_corpus)
+    training = read_manifest(demo_corpus)
+    with pytest.raises(ValueError, match=r"fewer than 6 clips \(2 reference\(s\), 2 sentences"):
+        UnseenVoices.from_rows(rows, training, synthesizer.vocabulary, config, sentences_per_voice=2, reference_clips=2)
+    one = UnseenVoices.from_rows(rows, training, synthesizer.vocabulary, config, sentences_per_voice=1)
+    two = UnseenVoices.from_rows(rows, training, synthesizer.vocabulary, config, sentences_per_voice=1, reference_clips=2)
+    assert two.sentences.texts == one.sentences.texts  # the same sentences, spoken from more of the voice
+    first_voice = [u for u in rows if u.speaker == two.speakers[0]]
+    clips = [first_voice[0].audio_path, first_voice[-1].audio_path]  # the first clip, and the last joins it
+    mels, lengths = zip(*(reference_log_mel(tf.constant(path), config.data) for path in clips))
+    voice = network.voice(tf.stack(mels), tf.stack(lengths), average=True)
+    expected, length = generate(network, two.sentences.tokens[:1], voice=voice)
+    spoken = two.sentences.synthesize(network, limit=1)[0]
+    np.testing.assert_allclose(spoken, expected[0, : int(length[0])].numpy(), atol=1e-5)
+    alone = one.sentences.synthesize(network, limit=1)[0]
+    assert alone.shape != spoken.shape or not np.allclose(alone, spoken, atol=1e-3)

@@ -1,9 +1,13 @@
-"""Real-time factor of a trained vocoder against Griffin-Lim on this machine, in turn in one process.
+"""The vocoder's speed on this machine, each contender in turn in one process, medians of --repeats.
 
-    python utilities/benchmark_vocoder.py --weights runs/vocoder/vocoder.weights.h5 --size base
+    python utilities/benchmark_vocoder.py --vocoder runs/demo/vocoder        # real-time factor vs Griffin-Lim
+    python utilities/benchmark_vocoder.py --train                            # a train step: sizes x XLA
 
-A random log-mel of --frames frames; each vocoder traced once and warmed up, then called in turn;
-median of --repeats. The real-time factor is seconds taken per second of audio (below 1: faster).
+Real-time factor: a random log-mel of --frames frames through the vocoder folder's network and
+through Griffin-Lim, each traced once and warmed up, then called in turn; seconds taken per second
+of audio (below 1: faster than real time). --train: one optimizer update of `VocoderTrainer` on a
+batch of random waveforms (--batch-size segments of --segment-frames frames), for each size with
+and without XLA (`jit_compile`), each compiled and warmed up first, then timed in turn.
 """
 
 from __future__ import annotations
@@ -21,42 +25,76 @@ ROOT = Path(__file__).resolve().parents[1]
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
-    parser.add_argument("--weights", required=True, help="vocoder.weights.h5 of utilities/train_vocoder.py")
-    parser.add_argument("--size", default="base", choices=("tiny", "base"))
+    parser.add_argument("--vocoder", help="a vocoder folder (utilities/train_vocoder.py --output-dir)")
+    parser.add_argument("--train", action="store_true", help="time train steps instead")
+    parser.add_argument("--sizes", default="small,base", help="--train: sizes to time, comma-separated")
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--segment-frames", type=int, default=32)
     parser.add_argument("--config", default=str(ROOT / "configs" / "demo.yaml"))
     parser.add_argument("--frames", type=int, default=400)
     parser.add_argument("--repeats", type=int, default=7)
     args = parser.parse_args(argv)
+    if bool(args.vocoder) == args.train:
+        parser.error("give --vocoder FOLDER (real-time factor) or --train (train steps)")
     sys.path.insert(0, str(ROOT))
 
+    from myxtts.config import load_config
+
+    d = load_config(args.config).data
+    contenders = train_steps(d, args) if args.train else real_time(d, args)
+    times = {name: [] for name in contenders}
+    for _ in range(args.repeats):
+        for name, function in contenders.items():
+            start = time.perf_counter()
+            function()
+            times[name].append(time.perf_counter() - start)
+    print(f"median of {args.repeats} ({platform.processor() or platform.machine()})")
+    seconds = (args.frames - 1) * d.hop_length / d.sample_rate
+    for name, values in times.items():
+        median = statistics.median(values)
+        extra = f"real-time factor {median / seconds:.3f} ({seconds:.2f} s of audio)" if not args.train else "per update"
+        print(f"  {name:<22} {median * 1000:8.1f} ms  {extra}")
+    return 0
+
+
+def real_time(d, args) -> dict:
     import numpy as np
     import tensorflow as tf
 
-    from myxtts.config import load_config
     from myxtts.models import griffin_lim
-    from myxtts.models.vocoder import Vocoder
+    from myxtts.models.vocoder import load_vocoder, waveform_maker
 
-    d = load_config(args.config).data
-    vocoder = Vocoder(d, args.size)
-    vocoder.build()
-    vocoder.load_weights(args.weights)
-    neural = tf.function(lambda mel: vocoder(mel[None])[0], reduce_retracing=True)
-    vocoders = {"vocoder": neural, "griffin-lim": lambda mel: griffin_lim.log_mel_to_audio(mel, d)}
     mel = tf.constant(np.random.default_rng(0).normal(-4.0, 2.0, (args.frames, d.n_mels)).astype(np.float32))
-    for function in vocoders.values():
-        function(mel)
-    times = {name: [] for name in vocoders}
-    for _ in range(args.repeats):
-        for name, function in vocoders.items():
-            start = time.perf_counter()
-            function(mel).numpy()
-            times[name].append(time.perf_counter() - start)
-    seconds = (args.frames - 1) * d.hop_length / d.sample_rate
-    print(f"{seconds:.2f} s of audio, median of {args.repeats} ({platform.processor() or platform.machine()})")
-    for name, values in times.items():
-        median = statistics.median(values)
-        print(f"  {name:<12} {median:.3f} s: real-time factor {median / seconds:.3f}")
-    return 0
+    makers = {"vocoder": waveform_maker(d, load_vocoder(args.vocoder, d)),
+              "griffin-lim": lambda m: griffin_lim.log_mel_to_audio(m, d)}
+    for maker in makers.values():
+        maker(mel)
+    return {name: (lambda maker=maker: maker(mel).numpy()) for name, maker in makers.items()}
+
+
+def train_steps(d, args) -> dict:
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    from myxtts.models.vocoder import Vocoder, VocoderTrainer
+
+    samples = args.segment_frames * d.hop_length * 2
+    rng = np.random.default_rng(0)
+    batch = {"audio": tf.constant(rng.normal(0, 0.1, (args.batch_size, samples)).astype(np.float32)),
+             "mel_length": tf.fill([args.batch_size], samples // d.hop_length)}
+    contenders = {}
+    for size in args.sizes.split(","):
+        for jit in (False, True):
+            trainer = VocoderTrainer(Vocoder(d, size=size), segment_frames=args.segment_frames)
+            trainer.compile(optimizer=keras.optimizers.AdamW(1e-4), jit_compile=jit)
+            trainer.make_train_function()
+            step = trainer.train_function
+            iterator = iter(tf.data.Dataset.from_tensors(batch).repeat())
+            step(iterator)  # compile
+            name = f"{size} ({trainer.vocoder.count_params() / 1e6:.1f} M), {'XLA' if jit else 'graph'}"
+            contenders[name] = lambda step=step, iterator=iterator: float(step(iterator)["loss"])
+    return contenders
 
 
 if __name__ == "__main__":

@@ -44,6 +44,8 @@ def main(argv=None) -> int:
     parser.add_argument("--unseen-voices", default=None, metavar="CORPUS",
                         help="a corpus of voices training never used (default: the run's data.unseen_voices_data)")
     parser.add_argument("--voice-sentences", type=int, default=2, help="sentences spoken per unseen voice (default 2)")
+    parser.add_argument("--reference-clips", type=int, default=1,
+                        help="clips of each unseen voice averaged into its voice (default 1; the last K - 1 of its clips join the first)")
     parser.add_argument("--vocoder", default=None, metavar="FOLDER",
                         help="a vocoder folder (train_vocoder.py --output-dir) or griffin-lim (default: the run's own, "
                              "RUN/vocoder, else training.vocoder, else Griffin-Lim)")
@@ -121,7 +123,7 @@ def main(argv=None) -> int:
             training=dataclasses.replace(config.training, voice_sentences=args.voice_sentences))
         try:
             voices = unseen_voices_for(voice_config, train_rows, synthesizer.vocabulary, print, heard_ok=args.heard_voices,
-                                       vocoder=vocoder)
+                                       vocoder=vocoder, reference_clips=args.reference_clips)
         except ValueError as error:
             print(f"error: {error}", file=sys.stderr)
             return 2
@@ -129,6 +131,7 @@ def main(argv=None) -> int:
         print(f"voices: {measured.summary()}")
         print("  per voice: " + ", ".join(f"{voice} {value:.3f}" for voice, value in sorted(measured.per_voice.items())))
         report["unseen_voices"] = {"corpus": unseen, "voices": measured.voices, "sentences": measured.total,
+                                   "reference_clips": args.reference_clips,
                                    "similarity": measured.similarity, "identified": measured.identified,
                                    "recordings_similarity": measured.ceiling_similarity,
                                    "recordings_identified": measured.ceiling_identified, "heard": list(measured.heard),

@@ -42,7 +42,7 @@ def main(argv=None) -> int:
     parser.add_argument("--output-dir", default=None, help="the vocoder folder to write (default with --run: RUN/vocoder)")
     parser.add_argument("--config", default=None,
                         help="data.* settings, the features (default: the run's config.yaml with --run, else configs/demo.yaml)")
-    parser.add_argument("--size", default="base", choices=("tiny", "base"))
+    parser.add_argument("--size", default="base", choices=("tiny", "small", "base"))
     parser.add_argument("--steps", type=int, default=2000, help="optimizer updates in all (a resumed run trains up to it)")
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--segment-frames", type=int, default=32, help="mel frames per training segment")

@@ -60,6 +60,7 @@ class HeldOutSentences:
         self.reference_mel, self.reference_length = reference_mel, reference_length
         self.recorded_frames = np.asarray(recorded_frames)
         self.data_config = data_config
+        self.extra_references = None  # per sentence, more clips of its voice averaged with the first (or None)
         self.vocoder = vocoder  # a models.vocoder.Vocoder, or None: Griffin-Lim
         self.to_audio = waveform_maker(data_config, vocoder)
 
@@ -97,9 +98,27 @@ class HeldOutSentences:
             rows = slice(start, min(start + _BATCH, limit or len(self.texts)))
             tokens = self.tokens[rows]
             tokens = tokens[:, : int((tokens != PAD_ID).sum(axis=1).max())]
-            mel, length = generate(network, tokens, self.reference_mel[rows], self.reference_length[rows])
+            if self.extra_references is None:
+                mel, length = generate(network, tokens, self.reference_mel[rows], self.reference_length[rows])
+            else:
+                mel, length = generate(network, tokens, voice=self._averaged_voices(network, rows))
             mels += [m[:n] for m, n in zip(mel.numpy(), length.numpy())]
         return mels
+
+    def with_extra_references(self, extra: list[list[str]]) -> "HeldOutSentences":
+        """Each sentence's voice averaged over its reference and the clips `extra[i]` (as
+        `synthesize.py --reference A --reference B` does)."""
+        d = self.data_config
+        self.extra_references = [[reference_log_mel(tf.constant(path), d) for path in paths] for paths in extra]
+        return self
+
+    def _averaged_voices(self, network, rows: slice) -> tf.Tensor:
+        voices = []
+        for i in range(len(self.texts))[rows]:
+            mels = [self.reference_mel[i]] + [m for m, _ in self.extra_references[i]]
+            lengths = [self.reference_length[i]] + [n for _, n in self.extra_references[i]]
+            voices.append(network.voice(tf.stack(mels), tf.stack(lengths), average=True)[0])
+        return tf.stack(voices)
 
     def recording_mel(self, index: int) -> np.ndarray:
         """The log-mel of sentence `index`'s recording, as training sees it."""

@@ -8,7 +8,9 @@ For each voice of a corpus that no training row uses (`data.unseen_voices_data`,
 corpus builder's `--voices heldout`), in its rows' order: the first clip is the reference, the next
 `sentences_per_voice` are the sentences the model speaks from their text in that voice (as
 `utilities/synthesize.py --reference` would), and the rest are what the voice is: their speaker
-embedding, averaged, is the voice's centroid. Embeddings come from `speaker.py`, an encoder
+embedding, averaged, is the voice's centroid. With `reference_clips` K > 1, the last K - 1 clips
+join the first as references, averaged into one voice (`synthesize.py` with K `--reference`s), and
+leave the centroid: the same sentences, spoken from more of the voice. Embeddings come from `speaker.py`, an encoder
 independent of the model being trained.
 
 `heard_ok=True` (free_running_check.py --heard-voices) measures a corpus whose voices training did use
@@ -76,7 +78,7 @@ class UnseenVoices:
     @classmethod
     def from_rows(cls, rows: list[Utterance], train_rows: list[Utterance], vocabulary: Vocabulary, config,
                   sentences_per_voice: int = 2, encoder: SpeakerEncoder | None = None,
-                  heard_ok: bool = False, vocoder=None) -> "UnseenVoices":
+                  heard_ok: bool = False, vocoder=None, reference_clips: int = 1) -> "UnseenVoices":
         d = config.data
         heard = {u.speaker for u in train_rows}
         by_voice: dict[str, list[Utterance]] = defaultdict(list)
@@ -87,23 +89,27 @@ class UnseenVoices:
             raise ValueError(f"data.unseen_voices_data has voices that training uses: {', '.join(overlap)}; "
                              "build it from other voices (utilities/make_demo_corpus.py --voices heldout), or measure "
                              "them as voices it heard (utilities/free_running_check.py --heard-voices)")
-        needed = 1 + sentences_per_voice + MIN_CENTROID_CLIPS
+        needed = reference_clips + sentences_per_voice + MIN_CENTROID_CLIPS
         short = sorted(v for v, clips in by_voice.items() if len(clips) < needed)
         if short:
             raise ValueError(f"data.unseen_voices_data: voices {', '.join(short)} have fewer than {needed} clips "
-                             f"(1 reference, {sentences_per_voice} sentences, {MIN_CENTROID_CLIPS} for the voice)")
+                             f"({reference_clips} reference(s), {sentences_per_voice} sentences, {MIN_CENTROID_CLIPS} for the voice)")
         if len(by_voice) < 2:
             raise ValueError("data.unseen_voices_data needs at least two voices (identification picks among them)")
         encoder = encoder or SpeakerEncoder()
-        speakers, spoken, references, centroids = [], [], [], {}
+        speakers, spoken, references, extra, centroids = [], [], [], [], {}
         for voice in sorted(by_voice):
             clips = by_voice[voice]
+            more = clips[len(clips) - (reference_clips - 1):] if reference_clips > 1 else []
             references += [clips[0].audio_path] * sentences_per_voice
+            extra += [[u.audio_path for u in more]] * sentences_per_voice
             spoken += clips[1:1 + sentences_per_voice]
             speakers += [voice] * sentences_per_voice
-            rest = [_recording(u.audio_path, d) for u in clips[1 + sentences_per_voice:]]
+            rest = [_recording(u.audio_path, d) for u in clips[1 + sentences_per_voice:len(clips) - len(more)]]
             centroids[voice] = encoder.embed_speaker(rest, d.sample_rate)
         sentences = HeldOutSentences.with_references(spoken, references, vocabulary, config, vocoder)
+        if reference_clips > 1:
+            sentences.with_extra_references(extra)
         # The ceiling: the recordings of the spoken sentences, through the same vocoder.
         recordings = [sentences.waveform(sentences.recording_mel(i)) for i in range(len(spoken))]
         ceiling = _totals(_score(encoder, recordings, speakers, centroids, d.sample_rate))
@@ -124,7 +130,7 @@ class UnseenVoices:
 
 
 def unseen_voices_for(config, train_rows, vocabulary, echo=print, heard_ok: bool = False,
-                      vocoder=None) -> "UnseenVoices | None":
+                      vocoder=None, reference_clips: int = 1) -> "UnseenVoices | None":
     """`data.unseen_voices_data` ready to measure at each validation (evaluation/voices.py), or None."""
     d, t = config.data, config.training
     if not d.unseen_voices_data or not t.voice_sentences:
@@ -133,7 +139,7 @@ def unseen_voices_for(config, train_rows, vocabulary, echo=print, heard_ok: bool
     if d.text_frontend == "phonemes" and any(needs_phonemes(u, d.language) for u in rows):
         rows = phonemize_utterances(rows, d.language, write_cache=False)
     voices = UnseenVoices.from_rows(rows, train_rows, vocabulary, config, sentences_per_voice=t.voice_sentences,
-                                    heard_ok=heard_ok, vocoder=vocoder)
+                                    heard_ok=heard_ok, vocoder=vocoder, reference_clips=reference_clips)
     through = "the vocoder" if vocoder is not None else "Griffin-Lim"
     echo(f"unseen voices: {len(voices.centroids)} from {d.unseen_voices_data}; their recordings through {through} "
          f"score speaker similarity {voices.ceiling_similarity:.3f}, identified {voices.ceiling_identified}/"

@@ -33,8 +33,8 @@ import tensorflow as tf
 from myxtts.data import audio
 from myxtts.models.griffin_lim import istft, log_mel_to_audio, mel_to_magnitude
 
-# (width, blocks): `tiny` for tests; `base` is Vocos' width with half its depth.
-VOCODER_SIZES = {"tiny": (32, 2), "base": (512, 4)}
+# (width, blocks): `tiny` for tests; `base` is Vocos' width with half its depth; `small` a quarter of its cost.
+VOCODER_SIZES = {"tiny": (32, 2), "small": (256, 4), "base": (512, 4)}
 # Log magnitudes are clipped here before exp: a wild early update must not overflow the spectrum.
 _MAX_LOG_MAGNITUDE = 8.0
 
