@@ -47,6 +47,8 @@ def main(argv=None) -> int:
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--segment-frames", type=int, default=32, help="mel frames per training segment")
     parser.add_argument("--learning-rate", type=float, default=1e-3)
+    parser.add_argument("--phase-weight", type=float, default=0.0,
+                        help="weight of a loss on the compressed complex spectrum, which sees the phase (0: off)")
     parser.add_argument("--quality-clips", type=int, default=10, help="validation clips to measure at the end (0: none)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override")
     args = parser.parse_args(argv)
@@ -81,7 +83,7 @@ def main(argv=None) -> int:
 
     keras.utils.set_random_seed(config.seed)
     vocoder = Vocoder(config.data, size=args.size)
-    trainer = VocoderTrainer(vocoder, segment_frames=args.segment_frames)
+    trainer = VocoderTrainer(vocoder, segment_frames=args.segment_frames, phase_weight=args.phase_weight)
     schedule = WarmupHoldDecay(args.learning_rate, min(100, args.steps // 10), args.steps, decay_steps=args.steps // 2)
     trainer.compile(optimizer=FusedAdamW(schedule, beta_1=0.8, beta_2=0.99, weight_decay=0.01, global_clipnorm=1.0),
                     jit_compile=False)
@@ -99,7 +101,8 @@ def main(argv=None) -> int:
         def on_epoch_end(self, epoch, logs=None):
             done = (epoch + 1) * interval
             rate = (time.monotonic() - self.started) / max(done - self.first, 1)
-            print(f"step {done}/{args.steps}  loss {logs['loss']:.3f} (mel {logs['mel_loss']:.3f} stft {logs['stft_loss']:.3f})"
+            phase = f" phase {logs['phase_loss']:.3f}" if "phase_loss" in logs else ""
+            print(f"step {done}/{args.steps}  loss {logs['loss']:.3f} (mel {logs['mel_loss']:.3f} stft {logs['stft_loss']:.3f}{phase})"
                   f"  {rate * 1000:.0f} ms/step  ETA {time.strftime('%H:%M:%S', time.gmtime(rate * (args.steps - done)))}",
                   flush=True)
 

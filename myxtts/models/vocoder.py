@@ -31,7 +31,7 @@ import keras
 import tensorflow as tf
 
 from myxtts.data import audio
-from myxtts.models.griffin_lim import istft, log_mel_to_audio, mel_to_magnitude
+from myxtts.models.griffin_lim import istft, log_mel_to_audio, mel_to_magnitude, stft
 
 # (width, blocks): `tiny` for tests; `base` is Vocos' width with half its depth; `small` a quarter of its cost.
 VOCODER_SIZES = {"tiny": (32, 2), "small": (256, 4), "base": (512, 4)}
@@ -95,7 +95,7 @@ class Vocoder(keras.Model):
         real, imaginary = self.spectrum(log_mel)
         return istft(tf.complex(real, imaginary), self.data_config)
 
-    def spectrum(self, log_mel):
+    def spectrum(self, log_mel, training=False):
         """The frames' spectrum as (real, imaginary) float32 [B, T, bins]: what `call` inverts. Kept
         real so that the TFLite export (no complex kernels there) inverts it with DFT matrices."""
         log_mel = tf.cast(log_mel, tf.float32)
@@ -188,6 +188,20 @@ def multi_resolution_stft_loss(target, predicted) -> tf.Tensor:
     return total / len(STFT_RESOLUTIONS)
 
 
+def compressed_spectrum_loss(target, real, imaginary, power: float = 0.3) -> tf.Tensor:
+    """Mean squared distance between power-law compressed spectra |S|^power e^(i angle S): unlike
+    the magnitude losses it sees the phase, weighted towards the loud bins where the phase is heard."""
+    target_real, target_imaginary = tf.math.real(target), tf.math.imag(target)
+
+    def compressed(re, im):
+        scale = tf.pow(tf.sqrt(re * re + im * im) + 1e-5, power - 1.0)
+        return re * scale, im * scale
+
+    target_real, target_imaginary = compressed(tf.stop_gradient(target_real), tf.stop_gradient(target_imaginary))
+    real, imaginary = compressed(real, imaginary)
+    return tf.reduce_mean(tf.square(real - target_real) + tf.square(imaginary - target_imaginary))
+
+
 def random_segments(waveforms, mel_length, segment_frames: int, hop_length: int, seed=None) -> tf.Tensor:
     """[B, (segment_frames - 1) * hop] samples: a random stretch of each clip inside its `mel_length`
     frames (from the start, zero-padded, for a clip shorter than the segment)."""
@@ -203,10 +217,11 @@ def random_segments(waveforms, mel_length, segment_frames: int, hop_length: int,
 class VocoderTrainer(keras.Model):
     """Trains a `Vocoder` on waveform batches ({"audio": [B, n], "mel_length": [B]}): `fit` drives it."""
 
-    def __init__(self, vocoder: Vocoder, segment_frames: int = 32, **kwargs):
+    def __init__(self, vocoder: Vocoder, segment_frames: int = 32, phase_weight: float = 0.0, **kwargs):
         super().__init__(**kwargs)
-        self.vocoder, self.segment_frames = vocoder, segment_frames
-        self.trackers = {name: keras.metrics.Mean(name=name) for name in ("loss", "mel_loss", "stft_loss")}
+        self.vocoder, self.segment_frames, self.phase_weight = vocoder, segment_frames, phase_weight
+        names = ("loss", "mel_loss", "stft_loss") + (("phase_loss",) if phase_weight else ())
+        self.trackers = {name: keras.metrics.Mean(name=name) for name in names}
 
     @property
     def metrics(self):
@@ -223,10 +238,16 @@ class VocoderTrainer(keras.Model):
         """The losses of vocoding the log-mel of `segment` [B, samples] back into it."""
         c = self.vocoder.data_config
         target_mel = audio.log_mel(segment, c)  # [B, frames, n_mels]
-        predicted = self.vocoder(target_mel, training=training)
+        real, imaginary = self.vocoder.spectrum(target_mel, training=training)
+        predicted = istft(tf.complex(real, imaginary), c)
         mel_loss = tf.reduce_mean(tf.abs(audio.log_mel(predicted, c) - target_mel))
         stft_loss = multi_resolution_stft_loss(segment, predicted)
-        return {"loss": mel_loss + stft_loss, "mel_loss": mel_loss, "stft_loss": stft_loss}
+        losses = {"loss": mel_loss + stft_loss, "mel_loss": mel_loss, "stft_loss": stft_loss}
+        if self.phase_weight:
+            # The frames' spectrum against the segment's own, frame for frame (the same framing).
+            losses["phase_loss"] = compressed_spectrum_loss(stft(segment, c), real, imaginary)
+            losses["loss"] += self.phase_weight * losses["phase_loss"]
+        return losses
 
     def train_step(self, batch):
         with tf.GradientTape() as tape:
