@@ -14,12 +14,15 @@ The heads start at zero residual and phase zero, so an untrained vocoder gives t
 Training (`VocoderTrainer`): random segments of each clip of a waveform batch (the feature pipeline
 with `data.mel_on_device`), their log-mel computed in the step, and two losses against the segment:
 L1 between log-mels, and a multi-resolution STFT loss (spectral convergence + log magnitude at three
-FFT sizes). No discriminator yet.
+FFT sizes); optionally (`phase_weight`) a third on the compressed complex spectrum, which sees the
+phase. No discriminator yet.
 
-Status (issue 27): the network, its losses and its train step (tested on the tiny size: the loss
-falls), trained by `utilities/train_vocoder.py` and measured against Griffin-Lim there (BENCHMARKS.md,
-"Sound quality"). Not yet: use in synthesis / validation / export, the compiled-step machinery of
-`train()` (XLA, mixed precision, its checkpoints).
+A trained vocoder is a folder (`save_vocoder` / `load_vocoder`: weights + the features it was trained
+for); `waveform_maker` turns one, or None for Griffin-Lim, into the log-mel -> samples function that
+synthesis, validation, the free-running check and the exports call (`synthesis.vocoder_folder` says
+which folder a run speaks through). Trained by `utilities/train_vocoder.py` outside `train()`'s
+compiled-step machinery (graph mode; XLA measured slower for it on a CPU); BENCHMARKS.md, "Sound
+quality", has what it measures against Griffin-Lim.
 """
 
 from __future__ import annotations
