@@ -81,3 +81,35 @@ def test_the_compressed_spectrum_loss_sees_the_phase_the_magnitude_losses_miss()
     turned = compressed_spectrum_loss(target, -imaginary, real)
     halved = compressed_spectrum_loss(target, 0.5 * real, 0.5 * imaginary)
     assert float(turned) > 10 * float(halved) > 0.0
+
+
+def test_a_segment_of_the_mel_is_the_mel_of_the_segment_of_the_waveform(waveform_batch):
+    """Training on given mels (the acoustic model's own) pairs frames with samples: frame t of a clip
+    must be frame t - start of the waveform segment from sample start * hop."""
+    from myxtts.data import audio
+    from myxtts.models.vocoder import mel_segments, segment_starts, waveform_segments
+
+    c, batch = waveform_batch
+    frames = 24
+    start = segment_starts(batch["mel_length"], frames, seed=4)
+    assert int(tf.reduce_max(start)) > 0
+    of_segment = audio.log_mel(waveform_segments(batch["audio"], start, frames, c.hop_length), c)
+    of_clip = mel_segments(audio.log_mel(batch["audio"], c), start, frames)
+    # Away from the segment's ends, where its own STFT sees zero padding instead of the clip.
+    inner = slice(c.n_fft // c.hop_length, frames - c.n_fft // c.hop_length)
+    np.testing.assert_allclose(of_segment[:, inner].numpy(), of_clip[:, inner].numpy(), atol=1e-3)
+
+
+def test_a_vocoder_trains_on_the_runs_own_mels(trained_run, tmp_path, capsys):
+    from utilities import train_vocoder
+
+    out = tmp_path / "vocoder"
+    assert train_vocoder.main(["--run", str(trained_run), "--aligned-mels", "--size", "tiny", "--steps", "3",
+                               "--batch-size", "4", "--quality-clips", "0", "--output-dir", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "the run's own mels of " in printed and "teacher-forced" in printed, printed
+    from myxtts.config import load_run_config
+    from myxtts.models.vocoder import load_vocoder
+
+    assert load_vocoder(out, load_run_config(trained_run / "config.yaml").data).size == "tiny"
+    assert not (trained_run / "vocoder").exists()  # --output-dir elsewhere: the run is left as it was

@@ -19,6 +19,12 @@ and train_main.py's closing sample speak through it from then on (--vocoder grif
 still picks Griffin-Lim). RUN/demo_sample.wav is spoken again through it (the Griffin-Lim one is
 kept as RUN/demo_sample_griffin_lim.wav). Elsewhere, a folder is used by naming it: --vocoder
 FOLDER in those tools, or training.vocoder for a run's validation.
+
+--aligned-mels (with --run) trains on the acoustic model's own mels instead of the recordings':
+each training clip decoded by the run's model on the recording's alignment, so that its frames
+still line up with the recording, computed once before training; the losses still compare with the
+recording. With --init-from FOLDER (say RUN/vocoder) this fine-tunes a vocoder to the mels it will
+be given at synthesis, which are smoother than a recording's.
 """
 
 from __future__ import annotations
@@ -51,11 +57,17 @@ def main(argv=None) -> int:
     parser.add_argument("--learning-rate", type=float, default=1e-3)
     parser.add_argument("--phase-weight", type=float, default=0.0,
                         help="weight of a loss on the compressed complex spectrum, which sees the phase (0: off)")
+    parser.add_argument("--aligned-mels", action="store_true",
+                        help="with --run: train on the run's own teacher-forced mels (see below)")
+    parser.add_argument("--init-from", default=None, metavar="FOLDER",
+                        help="start from this vocoder folder's weights (its size) instead of from scratch")
     parser.add_argument("--quality-clips", type=int, default=10, help="validation clips to measure at the end (0: none)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override")
     args = parser.parse_args(argv)
     if args.run is None and (args.train_data is None or args.output_dir is None):
         parser.error("give --run RUN, or --train-data and --output-dir")
+    if args.aligned_mels and args.run is None:
+        parser.error("--aligned-mels needs --run RUN (the acoustic model whose mels to train on)")
     if args.run is not None and not (Path(args.run) / "config.yaml").is_file():
         parser.error(f"--run {args.run}: not a training run folder (no config.yaml); pass train_main.py's --output-dir")
     sys.path.insert(0, str(ROOT))
@@ -67,10 +79,9 @@ def main(argv=None) -> int:
     from myxtts.data.pipeline import Epochs, build_vocabulary
     from myxtts.data.splits import load_splits
     from myxtts.evaluation import quality
-    from myxtts.models.vocoder import Vocoder, VocoderTrainer, save_vocoder
+    from myxtts.models.vocoder import Vocoder, VocoderTrainer, load_vocoder, save_vocoder, teacher_forced_mels
+    from myxtts.synthesis import GRIFFIN_LIM, RUN_VOCODER, Synthesizer
     from myxtts.training.optimizers import FusedAdamW, WarmupHoldDecay
-
-    from myxtts.synthesis import RUN_VOCODER
 
     out = Path(args.output_dir or Path(args.run) / RUN_VOCODER)
     out.mkdir(parents=True, exist_ok=True)
@@ -80,21 +91,39 @@ def main(argv=None) -> int:
                                                  *args.set])
     train_rows, val_rows = load_splits(config)
     vocabulary = build_vocabulary(train_rows + val_rows, config.data)
-    stream = Epochs(config, train_rows, training=True, vocabulary=vocabulary).stream()
-    stream = stream.map(lambda batch: {"audio": batch["audio"], "mel_length": batch["mel_length"]})
-
     keras.utils.set_random_seed(config.seed)
-    vocoder = Vocoder(config.data, size=args.size)
+    if args.aligned_mels:
+        from myxtts.training.run_setup import prepare_run
+
+        started = time.monotonic()
+        network = Synthesizer.from_run(args.run, vocoder=GRIFFIN_LIM).network
+        text = prepare_run(config, args.run, resume="require", echo=lambda message: None).text  # rows as training read them
+        batches = Epochs(config, text.train_rows, training=False, vocabulary=text.vocabulary).one_pass()
+        clips = teacher_forced_mels(network, batches, config.data)
+        count = int(clips["mel_length"].shape[0])
+        print(f"the run's own mels of {count} training clips, teacher-forced on their recordings' alignment: "
+              f"{time.monotonic() - started:.0f} s")
+        stream = (tf.data.Dataset.from_tensor_slices(clips).shuffle(count, seed=config.seed).repeat()
+                  .batch(args.batch_size, drop_remainder=True).prefetch(2))
+    else:
+        stream = Epochs(config, train_rows, training=True, vocabulary=vocabulary).stream()
+        stream = stream.map(lambda batch: {"audio": batch["audio"], "mel_length": batch["mel_length"]})
+
+    if args.init_from:
+        vocoder = load_vocoder(args.init_from, config.data)
+        print(f"starting from {args.init_from} ({vocoder.size})")
+    else:
+        vocoder = Vocoder(config.data, size=args.size)
     trainer = VocoderTrainer(vocoder, segment_frames=args.segment_frames, phase_weight=args.phase_weight)
     schedule = WarmupHoldDecay(args.learning_rate, min(100, args.steps // 10), args.steps, decay_steps=args.steps // 2)
     trainer.compile(optimizer=FusedAdamW(schedule, beta_1=0.8, beta_2=0.99, weight_decay=0.01, global_clipnorm=1.0),
                     jit_compile=False)
     trainer(tf.zeros([1, args.segment_frames, config.data.n_mels]))  # variables exist before a backup is restored
     trainer.optimizer.build(vocoder.trainable_variables)
-    print(f"vocoder {args.size}: {vocoder.count_params():,} parameters; "
+    print(f"vocoder {vocoder.size}: {vocoder.count_params():,} parameters; "
           f"{len(train_rows)} training clips, segments of {args.segment_frames} frames, batch {args.batch_size}")
 
-    interval = 50  # updates per Keras epoch: the progress line and the backup come this often
+    interval = min(50, args.steps)  # updates per Keras epoch: the progress line and the backup come this often
 
     class Progress(keras.callbacks.Callback):
         def on_train_begin(self, logs=None):  # after BackupAndRestore (listed first) restored the run

@@ -208,17 +208,59 @@ def compressed_spectrum_loss(target, real, imaginary, power: float = 0.3) -> tf.
 def random_segments(waveforms, mel_length, segment_frames: int, hop_length: int, seed=None) -> tf.Tensor:
     """[B, (segment_frames - 1) * hop] samples: a random stretch of each clip inside its `mel_length`
     frames (from the start, zero-padded, for a clip shorter than the segment)."""
-    length = (segment_frames - 1) * hop_length
+    start = segment_starts(mel_length, segment_frames, seed)
+    return waveform_segments(waveforms, start, segment_frames, hop_length)
+
+
+def segment_starts(mel_length, segment_frames: int, seed=None) -> tf.Tensor:
+    """[B] int32: a random first frame per clip, with `segment_frames` frames inside its `mel_length`."""
     last_start = tf.maximum(mel_length - segment_frames, 0)  # [B] frames
     draw = tf.random.uniform(tf.shape(mel_length), 0.0, 1.0, seed=seed)
-    start = tf.cast(tf.floor(draw * tf.cast(last_start + 1, tf.float32)), tf.int32) * hop_length
+    return tf.cast(tf.floor(draw * tf.cast(last_start + 1, tf.float32)), tf.int32)
+
+
+def waveform_segments(waveforms, start, segment_frames: int, hop_length: int) -> tf.Tensor:
+    """The samples of frames start .. start + segment_frames - 1 (frame t is centred on sample t * hop)."""
+    length = (segment_frames - 1) * hop_length
     padded = tf.pad(waveforms, [[0, 0], [0, length]])
-    index = start[:, None] + tf.range(length)[None]
+    index = (start * hop_length)[:, None] + tf.range(length)[None]
     return tf.gather(padded, index, batch_dims=1)
 
 
+def mel_segments(mel, start, segment_frames: int) -> tf.Tensor:
+    """Frames start .. start + segment_frames - 1 of each clip's mel [B, T, n_mels] (past T: the last frame)."""
+    index = tf.minimum(start[:, None] + tf.range(segment_frames)[None], tf.shape(mel)[1] - 1)
+    return tf.gather(mel, index, batch_dims=1)
+
+
+def teacher_forced_mels(network, batches, data_config) -> dict:
+    """The acoustic `network`'s own mels of every clip of `batches` (waveform batches, `data.mel_on_device`),
+    decoded on the recording's alignment so that frame t still belongs with the samples around t * hop:
+    {"audio" [N, samples], "mel_length" [N], "mel" [N, frames, n_mels]}, padded to the longest clip.
+
+    A vocoder fine-tuned on these (`VocoderTrainer` takes the batch's "mel" as its input) learns the
+    acoustic model's smoothed mels instead of meeting them for the first time at synthesis."""
+    from myxtts.data.pipeline import mel_from_audio
+
+    clips = []
+    for batch in batches:
+        predicted = network(mel_from_audio(batch, data_config), training=False)["mel"]
+        for i in range(int(tf.shape(batch["mel_length"])[0])):
+            frames = int(batch["mel_length"][i])
+            clips.append((batch["audio"][i, : (frames - 1) * data_config.hop_length], predicted[i, :frames]))
+    longest = max(int(m.shape[0]) for _, m in clips)
+    floor = float(tf.math.log(data_config.log_floor))
+    return {
+        "audio": tf.stack([tf.pad(a, [[0, (longest - 1) * data_config.hop_length - int(a.shape[0])]]) for a, _ in clips]),
+        "mel_length": tf.constant([int(m.shape[0]) for _, m in clips], tf.int32),
+        "mel": tf.stack([tf.pad(m, [[0, longest - int(m.shape[0])], [0, 0]], constant_values=floor) for _, m in clips]),
+    }
+
+
 class VocoderTrainer(keras.Model):
-    """Trains a `Vocoder` on waveform batches ({"audio": [B, n], "mel_length": [B]}): `fit` drives it."""
+    """Trains a `Vocoder` on waveform batches ({"audio": [B, n], "mel_length": [B]}): `fit` drives it.
+    With a "mel" [B, T, n_mels] in the batch, that is the vocoder's input (the acoustic model's own
+    mels, `teacher_forced_mels`); the losses still compare with the recording."""
 
     def __init__(self, vocoder: Vocoder, segment_frames: int = 32, phase_weight: float = 0.0, **kwargs):
         super().__init__(**kwargs)
@@ -234,14 +276,17 @@ class VocoderTrainer(keras.Model):
         return self.vocoder(log_mel, training=training)
 
     def losses_of(self, batch, training=False) -> dict:
-        segment = random_segments(batch["audio"], batch["mel_length"], self.segment_frames, self.vocoder.data_config.hop_length)
-        return self.segment_losses(segment, training=training)
+        start = segment_starts(batch["mel_length"], self.segment_frames)
+        segment = waveform_segments(batch["audio"], start, self.segment_frames, self.vocoder.data_config.hop_length)
+        given = mel_segments(batch["mel"], start, self.segment_frames) if "mel" in batch else None
+        return self.segment_losses(segment, training=training, input_mel=given)
 
-    def segment_losses(self, segment, training=False) -> dict:
-        """The losses of vocoding the log-mel of `segment` [B, samples] back into it."""
+    def segment_losses(self, segment, training=False, input_mel=None) -> dict:
+        """The losses of vocoding the log-mel of `segment` [B, samples] (or `input_mel`, frames of the
+        same stretch) back into it."""
         c = self.vocoder.data_config
         target_mel = audio.log_mel(segment, c)  # [B, frames, n_mels]
-        real, imaginary = self.vocoder.spectrum(target_mel, training=training)
+        real, imaginary = self.vocoder.spectrum(target_mel if input_mel is None else input_mel, training=training)
         predicted = istft(tf.complex(real, imaginary), c)
         mel_loss = tf.reduce_mean(tf.abs(audio.log_mel(predicted, c) - target_mel))
         stft_loss = multi_resolution_stft_loss(segment, predicted)
