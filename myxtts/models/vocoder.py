@@ -242,9 +242,12 @@ def teacher_forced_mels(network, batches, data_config) -> dict:
     acoustic model's smoothed mels instead of meeting them for the first time at synthesis."""
     from myxtts.data.pipeline import mel_from_audio
 
+    # Traced: called eagerly, the alignment's loops would dispatch every frame's ops from Python.
+    decode = tf.function(lambda batch: network(mel_from_audio(batch, data_config), training=False)["mel"],
+                         reduce_retracing=True)
     clips = []
     for batch in batches:
-        predicted = network(mel_from_audio(batch, data_config), training=False)["mel"]
+        predicted = decode(batch)
         for i in range(int(tf.shape(batch["mel_length"])[0])):
             frames = int(batch["mel_length"][i])
             clips.append((batch["audio"][i, : (frames - 1) * data_config.hop_length], predicted[i, :frames]))
