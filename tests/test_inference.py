@@ -182,11 +182,14 @@ def test_synthesize_cli_stops_on_unseen_phonemes_and_drop_unknown_leaves_them_ou
     from utilities import synthesize
 
     synthesizer, voice = hello_synthesizer
-    monkeypatch.setattr(Synthesizer, "from_run", classmethod(lambda cls, run_dir, checkpoint=None: synthesizer))
-    argv = ["--checkpoint", str(tmp_path), "--text", "Hello, is it there?", "--reference", str(voice)]
+    asked = []
+    monkeypatch.setattr(Synthesizer, "from_run",
+                        classmethod(lambda cls, run_dir, checkpoint=None, vocoder=None: asked.append(vocoder) or synthesizer))
+    argv = ["--checkpoint", str(tmp_path), "--text", "Hello, is it there?", "--reference", str(voice), "--vocoder", "griffin-lim"]
     assert synthesize.main([*argv, "--out", str(tmp_path / "refused.wav")]) == 2
     assert "'ɪ' (in 'ɪ|z')" in capsys.readouterr().err and not (tmp_path / "refused.wav").exists()
 
     assert synthesize.main([*argv, "--out", str(tmp_path / "said.wav"), "--drop-unknown"]) == 0
     assert "left out 6 symbols the run never trained on: , ? t z ɪ" in capsys.readouterr().err
     assert soundfile.info(tmp_path / "said.wav").frames > 0
+    assert asked == ["griffin-lim", "griffin-lim"]  # --vocoder reaches the synthesizer
