@@ -101,7 +101,7 @@ def test_the_free_running_check_measures_the_vocoder_it_is_given(vocoder_dir, tr
     folder, _ = vocoder_dir
     report_path = tmp_path / "report.json"
     assert free_running_check.main(["--run", str(trained_run), "--vocoder", str(folder), "--sentences", "2", "--quality",
-                                    "--voice-sentences", "1", "--json", str(report_path)]) == 0
+                                    "--unseen-voices", "", "--json", str(report_path)]) == 0  # voices: test_training
     report = json.loads(report_path.read_text())
     assert report["vocoder"] == str(folder)
     quality = report["quality"]
