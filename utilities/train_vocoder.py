@@ -90,7 +90,6 @@ def main(argv=None) -> int:
     config = load_config(config_path, overrides=[*train_data, "data.mel_on_device=true", f"data.batch_size={args.batch_size}",
                                                  *args.set])
     train_rows, val_rows = load_splits(config)
-    vocabulary = build_vocabulary(train_rows + val_rows, config.data)
     keras.utils.set_random_seed(config.seed)
     if args.aligned_mels:
         from myxtts.training.run_setup import prepare_run
@@ -106,6 +105,7 @@ def main(argv=None) -> int:
         stream = (tf.data.Dataset.from_tensor_slices(clips).shuffle(count, seed=config.seed).repeat()
                   .batch(args.batch_size, drop_remainder=True).prefetch(2))
     else:
+        vocabulary = build_vocabulary(train_rows + val_rows, config.data)
         stream = Epochs(config, train_rows, training=True, vocabulary=vocabulary).stream()
         stream = stream.map(lambda batch: {"audio": batch["audio"], "mel_length": batch["mel_length"]})
 

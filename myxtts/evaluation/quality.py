@@ -37,11 +37,11 @@ def copy_synthesis(path: str, data_config, vocoder=None) -> CopySynthesis:
 
     from myxtts.data import audio
     from myxtts.evaluation.speech import trimmed_clip
-    from myxtts.models.griffin_lim import log_mel_to_audio
+    from myxtts.models.vocoder import waveform_maker
 
     recording, _ = trimmed_clip(path, data_config)
     log_mel = audio.log_mel(recording, data_config)
-    vocoded = (vocoder or (lambda mel: log_mel_to_audio(mel, data_config)))(log_mel)
+    vocoded = (vocoder or waveform_maker(data_config))(log_mel)
     recording, vocoded = np.asarray(recording, np.float32), np.asarray(tf.convert_to_tensor(vocoded), np.float32)
     n = min(len(recording), len(vocoded))
     return CopySynthesis(recording[:n], vocoded[:n], data_config.sample_rate)
