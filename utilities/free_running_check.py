@@ -61,7 +61,7 @@ def main(argv=None) -> int:
     from myxtts.evaluation.intelligibility import IntelligibilityScorer, skip_reason
     from myxtts.evaluation.speech import HeldOutSentences, alignment_errors, recordings_wer
     from myxtts.models.vocoder import VocoderMismatch
-    from myxtts.synthesis import Synthesizer, vocoder_folder
+    from myxtts.synthesis import GRIFFIN_LIM, Synthesizer
     from myxtts.training.checkpoints import CheckpointError
     from myxtts.training.run_setup import prepare_run
 
@@ -77,7 +77,7 @@ def main(argv=None) -> int:
     rows = val_rows[: args.sentences] if args.sentences else val_rows
     vocoder = synthesizer.vocoder
     sentences = HeldOutSentences.from_rows(rows, train_rows, synthesizer.vocabulary, config, vocoder=vocoder)
-    vocoder_name = vocoder_folder(args.run, config, args.vocoder) or "griffin-lim"
+    vocoder_name = vocoder.folder if vocoder is not None else GRIFFIN_LIM
     print(f"vocoder: {vocoder_name}")
     report = {"run": str(args.run), "sentences": len(rows), "vocoder": vocoder_name}
 

@@ -163,6 +163,7 @@ def load_vocoder(folder, data_config) -> Vocoder:
     finally:
         keras.config.set_dtype_policy(policy)
     vocoder.load_weights(str(folder / WEIGHTS_FILE))
+    vocoder.folder = str(folder)  # where it came from, for reports
     return vocoder
 
 
