@@ -48,3 +48,43 @@ def test_pesq_is_none_without_the_package(copy, monkeypatch):
     assert quality.pesq_wb(copy.recording, copy.vocoded, copy.sample_rate) is None
     report = quality.QualityReport(1, 0.9, None, {"ovrl": 2, "sig": 3, "bak": 3, "p808": 3}, {"ovrl": 3, "sig": 3, "bak": 3, "p808": 3})
     assert "PESQ-WB not measured (pip install pesq)" in report.line()
+
+
+def test_measure_quality_puts_a_vocoder_beside_griffin_lim_on_the_same_clips(demo_corpus, tmp_path, capsys, monkeypatch):
+    from conftest import make_vocoder_folder
+    from utilities import measure_quality
+
+    # The measures themselves are tested above; this checks what the tool hands them (the real
+    # measurement of one clip by two vocoders costs ~30 s here).
+    calls = []
+
+    def measure(paths, data_config, vocoder=None, progress=None):
+        calls.append((list(paths), vocoder))
+        return quality.QualityReport(len(paths), 0.9 + 0.01 * len(calls), None, *[{"ovrl": 2, "sig": 3, "bak": 3, "p808": 3}] * 2)
+
+    monkeypatch.setattr(quality, "measure_copy_synthesis", measure)
+    expected = make_vocoder_folder(load_config().data, tmp_path / "vocoder")
+    report = tmp_path / "quality.json"
+    assert measure_quality.main(["--corpus", str(demo_corpus), "--clips", "3", "--vocoder", str(tmp_path / "vocoder"),
+                                 "--json", str(report)]) == 0
+    (gl_paths, gl), (vocoder_paths, vocoder) = calls
+    assert gl is None and gl_paths == vocoder_paths and len(gl_paths) == 3  # Griffin-Lim and the vocoder, same clips
+    log_mel = np.random.default_rng(0).normal(-4, 1, (20, load_config().data.n_mels)).astype(np.float32)
+    np.testing.assert_allclose(np.asarray(vocoder(log_mel)), np.asarray(expected(log_mel[None])[0]), atol=1e-5)
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split(" copy-synthesis")[0] for line in lines] == ["Griffin-Lim", str(tmp_path / "vocoder")]
+    written = __import__("json").loads(report.read_text())
+    assert written["clips"] == gl_paths
+    assert {name: r["stoi"] for name, r in written["vocoders"].items()} == {"Griffin-Lim": 0.91, str(tmp_path / "vocoder"): 0.92}
+
+
+def test_measure_quality_refuses_a_vocoder_of_other_features_before_measuring(demo_corpus, tmp_path, capsys):
+    import dataclasses
+
+    from conftest import make_vocoder_folder
+    from utilities import measure_quality
+
+    make_vocoder_folder(dataclasses.replace(load_config().data, n_mels=64), tmp_path / "vocoder")
+    assert measure_quality.main(["--corpus", str(demo_corpus), "--vocoder", str(tmp_path / "vocoder")]) == 2
+    captured = capsys.readouterr()
+    assert "data.n_mels: vocoder 64, run 80" in captured.err and captured.out == ""

@@ -2,12 +2,13 @@
 
     python utilities/measure_quality.py --corpus demo_corpus --clips 20
     python utilities/measure_quality.py --corpus other_corpus --clips 20 --json quality.json
+    python utilities/measure_quality.py --corpus other_corpus --vocoder runs/demo/vocoder   # against Griffin-Lim
 
 Each clip, as the feature pipeline sees it (resampled, trimmed, peak-normalised), is turned into the
-model's log-mel and back into audio by Griffin-Lim (the project's only vocoder today; issue 27's
-neural vocoder is measured against this floor), then compared with itself (STOI, PESQ) and scored
-alone (DNSMOS, with the recordings' own score beside it). The clips are spread evenly over the
-manifest. Needs `pip install -r requirements-quality.txt`; PESQ also needs `pip install pesq`
+model's log-mel and back into audio by Griffin-Lim (32 iterations, the floor) and by each --vocoder
+folder (utilities/train_vocoder.py), then compared with itself (STOI, PESQ) and scored alone (DNSMOS,
+with the recordings' own score beside it). The clips are spread evenly over the manifest, the same
+clips for every vocoder. Needs `pip install -r requirements-quality.txt`; PESQ also needs `pip install pesq`
 (it compiles C sources) and is reported as not measured without it.
 """
 
@@ -28,6 +29,9 @@ def main(argv=None) -> int:
     parser.add_argument("--corpus", required=True, help="a corpus folder or manifest (as --train-data)")
     parser.add_argument("--config", default=None, help="a config whose data.* settings make the log-mel (default: the defaults)")
     parser.add_argument("--clips", type=int, default=20, help="clips to measure, spread over the manifest (default 20)")
+    parser.add_argument("--vocoder", action="append", default=[], metavar="FOLDER",
+                        help="a neural vocoder folder to measure beside Griffin-Lim (repeatable); its features "
+                             "must be --config's")
     parser.add_argument("--json", default=None, help="also write the report here")
     args = parser.parse_args(argv)
     sys.path.insert(0, str(ROOT))
@@ -35,25 +39,37 @@ def main(argv=None) -> int:
     from myxtts.config import load_config
     from myxtts.data.manifest import read_manifest
     from myxtts.evaluation import quality
+    from myxtts.models.vocoder import VocoderMismatch, load_vocoder, waveform_maker
 
     config = load_config(args.config)
     rows = read_manifest(args.corpus)
     if args.clips < 1:
         parser.error("--clips must be at least 1")
+    makers = {"Griffin-Lim": None}
+    for folder in args.vocoder:  # every folder checked before minutes of measuring
+        try:
+            makers[folder] = waveform_maker(config.data, load_vocoder(folder, config.data))
+        except (FileNotFoundError, VocoderMismatch) as error:
+            print(f"error: --vocoder {folder}: {error}", file=sys.stderr)
+            return 2
     step = max(len(rows) // args.clips, 1)
     paths = [u.audio_path for u in rows[::step][: args.clips]]
-    started = time.monotonic()
+    total = len(paths) * len(makers)
+    started, reports = time.monotonic(), {}
+    for index, (name, maker) in enumerate(makers.items()):
+        def progress(done, _, before=index * len(paths)):
+            finished = before + done
+            elapsed = time.monotonic() - started
+            print(f"\r{name}: {done}/{len(paths)} clips, ETA {elapsed / finished * (total - finished):.0f} s",
+                  end="", file=sys.stderr, flush=True)
 
-    def progress(done, total):
-        elapsed = time.monotonic() - started
-        print(f"\r{done}/{total} clips, ETA {elapsed / done * (total - done):.0f} s", end="", file=sys.stderr, flush=True)
-
-    report = quality.measure_copy_synthesis(paths, config.data, progress=progress)
-    print(file=sys.stderr)
-    print(report.line())
+        reports[name] = quality.measure_copy_synthesis(paths, config.data, vocoder=maker, progress=progress)
+        print(file=sys.stderr)
+        print(reports[name].line(name))
     if args.json:
-        Path(args.json).write_text(json.dumps({"corpus": str(args.corpus), "vocoder": "griffin-lim",
-                                               **{k: v for k, v in vars(report).items()}}, indent=2), encoding="utf-8")
+        Path(args.json).write_text(json.dumps({"corpus": str(args.corpus), "clips": paths,
+                                               "vocoders": {name: vars(r) for name, r in reports.items()}},
+                                              indent=2), encoding="utf-8")
     return 0
 
 
