@@ -53,14 +53,15 @@ class HeldOutSentences:
     """The sentences, their tokens, their speakers' reference clips and recorded lengths: built once."""
 
     def __init__(self, texts, audio_paths, tokens, reference_mel, reference_length, recorded_frames, data_config,
-                 vocoder=None):
+                 vocoder=None, extra_references=None):
         self.texts = list(texts)
         self.audio_paths = list(audio_paths)
         self.tokens = tokens  # [N, L] int32, PAD_ID-padded
         self.reference_mel, self.reference_length = reference_mel, reference_length
         self.recorded_frames = np.asarray(recorded_frames)
         self.data_config = data_config
-        self.extra_references = None  # per sentence, more clips of its voice averaged with the first (or None)
+        # Per sentence, (mel, length) of more clips of its voice, averaged with the first; None: one clip.
+        self.extra_references = extra_references
         self.vocoder = vocoder  # a models.vocoder.Vocoder, or None: Griffin-Lim
         self.to_audio = waveform_maker(data_config, vocoder)
 
@@ -78,9 +79,10 @@ class HeldOutSentences:
 
     @classmethod
     def with_references(cls, rows: list[Utterance], references: list[str], vocabulary: Vocabulary,
-                        config, vocoder=None) -> "HeldOutSentences":
+                        config, vocoder=None, extra: list[list[str]] | None = None) -> "HeldOutSentences":
         """`rows` (phonemized when the front end needs it), each spoken in the voice of the clip at the
-        same place in `references`."""
+        same place in `references`, averaged with the clips `extra[i]` when given (as
+        `synthesize.py --reference A --reference B` does)."""
         d = config.data
         ids = [vocabulary.encode(text, d.text_frontend) for text in model_texts(rows, d.text_frontend)]
         tokens = np.full((len(ids), max(map(len, ids))), PAD_ID, np.int32)
@@ -88,8 +90,9 @@ class HeldOutSentences:
             tokens[i, : len(row)] = row
         mels, lengths = zip(*(reference_log_mel(tf.constant(path), d) for path in references))
         recorded = [_recorded_frames(u.audio_path, d) for u in rows]
+        extra_mels = None if extra is None else [[reference_log_mel(tf.constant(p), d) for p in paths] for paths in extra]
         return cls([u.text for u in rows], [u.audio_path for u in rows], tokens, tf.stack(mels), tf.stack(lengths), recorded, d,
-                   vocoder)
+                   vocoder, extra_mels)
 
     def synthesize(self, network, limit: int | None = None) -> list[np.ndarray]:
         """Log-mels [frames, n_mels] of every sentence (or the first `limit`), each cut to its own length."""
@@ -104,13 +107,6 @@ class HeldOutSentences:
                 mel, length = generate(network, tokens, voice=self._averaged_voices(network, rows))
             mels += [m[:n] for m, n in zip(mel.numpy(), length.numpy())]
         return mels
-
-    def with_extra_references(self, extra: list[list[str]]) -> "HeldOutSentences":
-        """Each sentence's voice averaged over its reference and the clips `extra[i]` (as
-        `synthesize.py --reference A --reference B` does)."""
-        d = self.data_config
-        self.extra_references = [[reference_log_mel(tf.constant(path), d) for path in paths] for paths in extra]
-        return self
 
     def _averaged_voices(self, network, rows: slice) -> tf.Tensor:
         voices = []

@@ -107,9 +107,8 @@ class UnseenVoices:
             speakers += [voice] * sentences_per_voice
             rest = [_recording(u.audio_path, d) for u in clips[1 + sentences_per_voice:len(clips) - len(more)]]
             centroids[voice] = encoder.embed_speaker(rest, d.sample_rate)
-        sentences = HeldOutSentences.with_references(spoken, references, vocabulary, config, vocoder)
-        if reference_clips > 1:
-            sentences.with_extra_references(extra)
+        sentences = HeldOutSentences.with_references(spoken, references, vocabulary, config, vocoder,
+                                                     extra if reference_clips > 1 else None)
         # The ceiling: the recordings of the spoken sentences, through the same vocoder.
         recordings = [sentences.waveform(sentences.recording_mel(i)) for i in range(len(spoken))]
         ceiling = _totals(_score(encoder, recordings, speakers, centroids, d.sample_rate))
