@@ -62,7 +62,7 @@ class VoicesReport:
         which = (f"{self.voices} voices ({len(self.heard)} of them heard in training: {', '.join(self.heard)})"
                  if self.heard else f"{self.voices} voices training never heard")
         return (f"{which}, {self.total} sentences: speaker similarity "
-                f"{self.similarity:.3f} ({self.relative_similarity:.0%} of the recordings' {self.ceiling_similarity:.3f}), "
+                f"{self.similarity:.3f} ({self.relative_similarity:.1%} of the recordings' {self.ceiling_similarity:.3f}), "
                 f"identified {self.identified}/{self.total} (recordings {self.ceiling_identified}/{self.total})")
 
 
