@@ -69,7 +69,8 @@ class Synthesizer:
 
     @classmethod
     def from_run(cls, run_dir: str | os.PathLike, checkpoint: str | None = None, vocoder: str | None = None) -> "Synthesizer":
-        """Load `run_dir`'s config.yaml and vocab.txt, and `checkpoint` (default: best_mel, else latest).
+        """Load `run_dir`'s config.yaml and vocab.txt, and `checkpoint` (default: `find_checkpoint`'s
+        best_wer, else best_mel, else latest).
         `vocoder`: a vocoder folder or "griffin-lim"; by default the run's own (`vocoder_folder`)."""
         from myxtts.training.checkpoints import find_checkpoint, restore_network
         from myxtts.training.run_folder import read_vocabulary

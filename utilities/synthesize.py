@@ -3,7 +3,8 @@
 
     python utilities/synthesize.py --checkpoint runs/demo --text "Hello there." --reference voice.wav --out out.wav
 
---checkpoint takes a run folder (uses best_mel, else latest) or a checkpoint prefix. The text is
+--checkpoint takes a run folder (uses best_wer, else best_mel, else latest), one of its checkpoint
+folders (runs/demo/checkpoints/latest) or a checkpoint prefix. The text is
 phonemized as in training, with the run's data.text_frontend and data.language. Several
 --reference clips of one voice are averaged into one voice. --benchmark prints the real-time factor.
 The audio comes from the run's neural vocoder when it has one (RUN/vocoder, written by
@@ -34,12 +35,13 @@ def main(argv=None) -> int:
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from myxtts.synthesis import Synthesizer
-    from myxtts.training.checkpoints import CheckpointError
+    from myxtts.training.checkpoints import CheckpointError, find_checkpoint
 
     run = Path(args.checkpoint)
-    run_dir = run if run.is_dir() else next((p for p in run.parents if (p / "config.yaml").exists()), run)
+    run_dir = next((p for p in (run, *run.parents) if (p / "config.yaml").exists()), run)
     try:
-        synthesizer = Synthesizer.from_run(run_dir, None if run.is_dir() else str(run), vocoder=args.vocoder)
+        checkpoint = None if run == run_dir else find_checkpoint(run)  # a checkpoint folder or prefix of the run
+        synthesizer = Synthesizer.from_run(run_dir, checkpoint, vocoder=args.vocoder)
         result = synthesizer.synthesize_to_file(args.text, args.reference, args.out, drop_unknown=args.drop_unknown)
         if args.benchmark:  # the first call traced the synthesis graph; time a warm one
             result = synthesizer.synthesize_to_file(args.text, args.reference, args.out, drop_unknown=args.drop_unknown)
