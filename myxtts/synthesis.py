@@ -69,8 +69,8 @@ class Synthesizer:
 
     @classmethod
     def from_run(cls, run_dir: str | os.PathLike, checkpoint: str | None = None, vocoder: str | None = None) -> "Synthesizer":
-        """Load `run_dir`'s config.yaml and vocab.txt, and `checkpoint` (default: `find_checkpoint`'s
-        best_wer, else best_mel, else latest).
+        """Load `run_dir`'s config.yaml and vocab.txt, and `checkpoint`: a checkpoint prefix or one of the
+        run's checkpoint folders (default: the run's best_wer, else best_mel, else latest; `find_checkpoint`).
         `vocoder`: a vocoder folder or "griffin-lim"; by default the run's own (`vocoder_folder`)."""
         from myxtts.training.checkpoints import find_checkpoint, restore_network
         from myxtts.training.run_folder import read_vocabulary
@@ -82,7 +82,7 @@ class Synthesizer:
         vocabulary = read_vocabulary(run_dir)
         network = network_for(config, len(vocabulary), vocabulary.word_boundary_id)
         network.build()
-        path = checkpoint or find_checkpoint(run_dir)
+        path = find_checkpoint(checkpoint or run_dir)
         restore_network(network, path)
         return cls(network, config, vocabulary, run_dir, run_vocoder(run_dir, config, vocoder))
 

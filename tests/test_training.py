@@ -248,17 +248,16 @@ def test_synthesis_and_the_free_running_check_of_a_trained_run(demo_corpus, trai
 
 def test_synthesize_takes_one_checkpoint_folder_of_a_run(demo_corpus, trained_run, tmp_path, monkeypatch):
     # configs/voices.yaml's best speaker similarity is in `latest`, not the default best_wer.
-    from myxtts.synthesis import Synthesizer
+    from myxtts.training import checkpoints
     from utilities import synthesize
 
-    loaded, original = [], Synthesizer.from_run.__func__
-    monkeypatch.setattr(Synthesizer, "from_run", classmethod(
-        lambda cls, run_dir, checkpoint=None, vocoder=None: loaded.append((run_dir, checkpoint)) or original(cls, run_dir, checkpoint, vocoder)))
+    restored, original = [], checkpoints.restore_network
+    monkeypatch.setattr(checkpoints, "restore_network", lambda network, path: restored.append(path) or original(network, path))
     reference = str(sorted((demo_corpus / "wavs").glob("*.wav"))[0])
     latest = trained_run / "checkpoints" / "latest"
     assert synthesize.main(["--checkpoint", str(latest), "--text", "Hello there.", "--reference", reference,
                             "--out", str(tmp_path / "latest.wav")]) == 0
-    assert loaded == [(trained_run, str(latest / "ckpt-6"))]
+    assert restored == [str(latest / "ckpt-6")]
 
 
 def _check_synthesis_from_the_run(run_dir, corpus, tmp_path):

@@ -38,7 +38,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
                                      epilog=__doc__.split("\n\n", 1)[1])
     parser.add_argument("--run", required=True, help="a training run folder (its --output-dir)")
-    parser.add_argument("--checkpoint", default=None, help="checkpoint prefix (default: the run's best_wer, else best_mel, else latest)")
+    parser.add_argument("--checkpoint", default=None, help="checkpoint prefix or one of the run's checkpoint folders (default: the run's best_wer, else best_mel, else latest)")
     parser.add_argument("--sentences", type=int, default=0, help="measure only the first N validation sentences (default: all)")
     parser.add_argument("--json", default=None, help="also write the report to this JSON file")
     parser.add_argument("--unseen-voices", default=None, metavar="CORPUS",

@@ -35,13 +35,12 @@ def main(argv=None) -> int:
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from myxtts.synthesis import Synthesizer
-    from myxtts.training.checkpoints import CheckpointError, find_checkpoint
+    from myxtts.training.checkpoints import CheckpointError
 
     run = Path(args.checkpoint)
     run_dir = next((p for p in (run, *run.parents) if (p / "config.yaml").exists()), run)
-    try:
-        checkpoint = None if run == run_dir else find_checkpoint(run)  # a checkpoint folder or prefix of the run
-        synthesizer = Synthesizer.from_run(run_dir, checkpoint, vocoder=args.vocoder)
+    try:  # below the run folder: one of its checkpoint folders, or a prefix
+        synthesizer = Synthesizer.from_run(run_dir, None if run == run_dir else str(run), vocoder=args.vocoder)
         result = synthesizer.synthesize_to_file(args.text, args.reference, args.out, drop_unknown=args.drop_unknown)
         if args.benchmark:  # the first call traced the synthesis graph; time a warm one
             result = synthesizer.synthesize_to_file(args.text, args.reference, args.out, drop_unknown=args.drop_unknown)
