@@ -97,3 +97,35 @@ def test_capacity_plan_utility_prints_the_plan_and_the_table(calibrated, demo_co
     assert "Capacity plan: tiny model on NVIDIA H100 80GB HBM3 (H100), batch 3" in out
     assert "Capacity plan: tiny model on Tesla T4 (T4), batch 3" in out
     assert "cores: on the fly" in out and out.count("  -> tiny model on ") == 2
+    assert out.count("8.3 us each  [measured on an H100 under XLA") == 2  # no card here: the H100's figure
+
+
+def test_capacity_plan_utility_takes_the_loop_cost_a_run_measured_on_this_hosts_card(calibrated, demo_corpus,
+                                                                                    monkeypatch, capsys):
+    from myxtts.diagnostics.alignment_timing import _key
+    from myxtts.hardware import detect
+    from myxtts.hardware.capacity import gpu_facts_for
+    from myxtts.hardware.devices import device_by_key
+    from myxtts.hardware.loop_cost import LoopCost, loop_cost_cache
+    from myxtts.models.alignment import AlignmentLoops
+
+    config, cache, _ = calibrated
+    monkeypatch.setenv("MYXTTS_CACHE_DIR", str(cache.directory.parent))
+    (cache.directory.parent / "capacity").mkdir(exist_ok=True)
+    for path in cache.directory.glob("*.json"):
+        (cache.directory.parent / "capacity" / path.name).write_text(path.read_text())
+    h100 = gpu_facts_for(device_by_key("H100"))
+    monkeypatch.setattr(detect, "detect_machine", lambda: detect.MachineFacts(gpus=(h100,), usable_cpu_cores=16))
+    # What a training run's start measured on this host's H100 (16 frames per iteration, XLA).
+    loop_cost_cache(cache.directory.parent / "loops").store(
+        _key(h100.name, AlignmentLoops(frames_per_iteration=16), True), LoopCost(12.5e-6, "measured on this H100 (test)"))
+    spec = importlib.util.spec_from_file_location("capacity_plan", ROOT / "utilities" / "capacity_plan.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    overrides = [item for override in OVERRIDES for item in ("--set", override)]
+    assert module.main(["--train-data", str(demo_corpus), *overrides, "--gpu", "H100", "--gpu", "T4"]) == 0
+    h100_plan, t4_plan = capsys.readouterr().out.split("Capacity plan: ")[1:3]
+    assert "12.5 us each  [measured on this H100 (test)]" in h100_plan
+    assert "8.3 us each  [measured on an H100 under XLA" in t4_plan  # a card this host does not have
+    assert module.main(["--train-data", str(demo_corpus), *overrides, "--gpu", "H100", "--loop-iteration-us", "30"]) == 0
+    assert "30.0 us each  [set by --loop-iteration-us]" in capsys.readouterr().out

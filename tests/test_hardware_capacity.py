@@ -16,6 +16,7 @@ from myxtts.hardware.capacity_record import CapacityCache, CapacityRecord, Model
 from myxtts.hardware.detect import MachineFacts
 from myxtts.hardware.devices import DEVICES, DeviceSpec, device_by_key, device_for_gpu_name
 from myxtts.hardware.host import cpu_model_name
+from myxtts.hardware.loop_cost import FALLBACK, LoopCost
 from myxtts.hardware.plan import plan_for_machine
 
 REPO = Path(__file__).resolve().parents[1]
@@ -158,7 +159,8 @@ def test_training_takes_the_capacity_plans_route_on_a_known_gpu():
         return calibrate
 
     def route(config, facts, calibrate=None):
-        data = apply_input_route(config, facts, echo=lambda line: None, calibrate=calibrate).data
+        data = apply_input_route(config, facts, echo=lambda line: None, calibrate=calibrate,
+                                 loop_cost=lambda config, progress: FALLBACK).data
         return data.cache_features, data.mel_on_device
 
     # The simplest route whose supply meets the H100's demand (~13,800 audio-s/s for these made-up costs).
@@ -172,14 +174,16 @@ def test_training_takes_the_capacity_plans_route_on_a_known_gpu():
     lines = []
     assert route(config, h100, host(on_the_fly=1000.0, cached=1e7, mel_on_device=1000.0)) == (False, False)
     assert apply_input_route(config, eight, echo=lines.append,
-                             calibrate=host(on_the_fly=1000.0, cached=1e7, mel_on_device=1000.0)).data.cache_features
+                             calibrate=host(on_the_fly=1000.0, cached=1e7, mel_on_device=1000.0),
+                             loop_cost=lambda config, progress: FALLBACK).data.cache_features
     assert any("for 8 GPUs" in line and "for the 8 of them" in line for line in lines), lines
     del calibrated[3:]
     # A calibration that fails (its sample fills no batch, say) leaves the keys to the run, which says why.
     def failing(config, progress):
         raise ValueError("the 3 training clips do not fill one batch of 16")
     lines.clear()
-    assert apply_input_route(config, h100, echo=lines.append, calibrate=failing).data.cache_features
+    assert apply_input_route(config, h100, echo=lines.append, calibrate=failing,
+                             loop_cost=lambda config, progress: FALLBACK).data.cache_features
     assert any("calibration failed" in line and "fill one batch" in line for line in lines), lines
     # No GPU, or input from a tf.data service: the keys stand and nothing is calibrated.
     assert route(config, cpu_only, host(on_the_fly=10.0)) == (True, False)
@@ -194,10 +198,41 @@ def test_training_takes_the_capacity_plans_route_on_a_known_gpu():
     assert len(calibrated) == 3
 
 
+def test_the_input_route_plans_with_the_loop_cost_measured_on_this_gpu():
+    from myxtts.config import load_config
+    from myxtts.training.run_setup import apply_input_route
+
+    h100 = MachineFacts(gpus=(gpu_facts_for(device_by_key("H100")),), usable_cpu_cores=16, ram_bytes=64 * 2**30)
+    config = load_config(overrides=["model.size=base", "data.batch_size=16"])
+    slow = LoopCost(FALLBACK.seconds_per_frame * 10, "measured on NVIDIA H100 80GB HBM3 at the start of a run (test)")
+    # A host whose on-the-fly supply lies between what the H100 eats with the fallback's loops and
+    # with loops ten times slower: the measured cost decides the route.
+    demands = [plan_capacity(record(), device_by_key("H100"), h100, "base", batch_size=16,
+                             loop_iteration_s=cost.seconds_per_frame).demand.audio_s_per_s for cost in (FALLBACK, slow)]
+    cores = plan_for_machine(h100, "base").private_threadpool_size
+    per_core = math.sqrt(demands[0] * demands[1]) / cores
+
+    def route(loop_cost):
+        lines = []
+        data = apply_input_route(config, h100, echo=lines.append, loop_cost=loop_cost,
+                                 calibrate=lambda config, progress: record(on_the_fly=per_core, cached=1e7)).data
+        return (data.cache_features, data.mel_on_device), lines
+
+    assert route(lambda config, progress: FALLBACK)[0] == (True, False)  # on the fly is too slow: cached features
+    assert route(lambda config, progress: slow)[0] == (False, False)  # slower loops eat less: on the fly feeds them
+
+    def failing(config, progress):
+        raise RuntimeError("XLA compilation failed: out of memory")
+    taken, lines = route(failing)
+    assert taken == (True, False)  # the H100's figure stands in
+    assert any("timing them failed (XLA compilation failed" in line and "8.3 us per loop frame" in line
+               for line in lines), lines
+
+
 def test_the_batch_probe_measures_the_step_of_the_chosen_route(monkeypatch, demo_corpus):
     # mel_on_device puts waveforms and the STFT in the step: the GPU batch must be probed with them.
     from myxtts.config import load_config
-    from myxtts.diagnostics import capacity
+    from myxtts.diagnostics import alignment_timing, capacity
     from myxtts.training import run_setup
 
     class Probed(Exception):
@@ -212,6 +247,7 @@ def test_the_batch_probe_measures_the_step_of_the_chosen_route(monkeypatch, demo
     monkeypatch.setattr(capacity, "host_calibration",
                         lambda config, progress: record(on_the_fly=10.0, cached=20.0, mel_on_device=1e7))
     monkeypatch.setattr(run_setup, "probe_batch_size", probe_batch_size)
+    monkeypatch.setattr(alignment_timing, "startup_loop_cost", lambda device, loops, progress: FALLBACK)
     config = load_config(overrides=[f"data.train_data={demo_corpus}", "model.size=base"])
     assert not config.data.mel_on_device
     with pytest.raises(Probed) as probed:

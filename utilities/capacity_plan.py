@@ -34,10 +34,26 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--gpu", action="append", default=[], metavar="NAME",
                         help=f"GPU to plan for, repeatable, or 'all' (default: this machine's, else H100); known: "
                              f"{', '.join(d.key for d in DEVICES)}")
-    add_gpu_assumption_arguments(parser)
+    add_gpu_assumption_arguments(parser, measured_default=True)
     parser.add_argument("--recalibrate", action="store_true", help="time the host again instead of using the cache")
     parser.add_argument("--json", type=Path, help="also write the plans and the calibration as JSON to this file")
     return parser.parse_args(argv)
+
+
+def loop_cost(arguments: argparse.Namespace, config, device, facts):
+    """The alignment loops' cost per frame on `device`: --loop-iteration-us, else what a run on this
+    host's card of that model measured at its start (cached), else the H100's figure."""
+    from myxtts.diagnostics.alignment_timing import cached_loop_cost
+    from myxtts.hardware.devices import device_for_gpu_name
+    from myxtts.hardware.loop_cost import FALLBACK, LoopCost
+    from myxtts.models.alignment import AlignmentLoops
+
+    if arguments.loop_iteration_us is not None:
+        return LoopCost(arguments.loop_iteration_us * 1e-6, "set by --loop-iteration-us")
+    loops = AlignmentLoops.for_device(on_gpu=True, step_compiled=True,
+                                      frames_per_iteration=config.training.alignment_frames_per_iteration)
+    names = [gpu.name for gpu in facts.gpus if device_for_gpu_name(gpu.name) == device]
+    return (cached_loop_cost(names[0], loops) if names else None) or FALLBACK
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -58,7 +74,9 @@ def main(argv: list[str] | None = None) -> int:
         config = load_config(arguments.config, overrides=run_overrides(arguments))
         record = host_calibration(config, recalibrate=arguments.recalibrate,
                                   progress=lambda message: print(message, file=sys.stderr, flush=True))
-        plans = capacity_plans(config, record, devices, facts, arguments.mfu, arguments.loop_iteration_us * 1e-6)
+        plans = [capacity_plans(config, record, [device], facts, arguments.mfu, cost.seconds_per_frame,
+                                cost.source)[0]
+                 for device in devices for cost in [loop_cost(arguments, config, device, facts)]]
     except (ConfigError, ManifestError, FileNotFoundError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

@@ -18,6 +18,10 @@ no work with the rest (the encoders, the decoder, the optimizer). The step's tim
 plus the rest's. If the runtime overlaps an independent part of the step (say the text encoder)
 with a loop, the loops' share of the step is an upper bound, and the rest costs at least the
 step minus the loops.
+
+The same loops on random scores of a fixed shape give the capacity plan its loop cost on a GPU
+(`startup_loop_cost`: timed at the start of the first run on a GPU model, then cached,
+`hardware/loop_cost.py`), in place of a figure measured on another card.
 """
 
 from __future__ import annotations
@@ -29,6 +33,8 @@ from typing import Any, Callable
 import numpy as np
 import tensorflow as tf
 
+from myxtts.hardware.loop_cost import TIMING_SHAPE, LoopCost, LoopCostKey, loop_cost_cache
+from myxtts.hardware.probe import ProbeCache
 from myxtts.models import alignment
 from myxtts.models.flops import alignment_loop_iterations
 
@@ -56,24 +62,7 @@ class AlignmentLoopsTimer:
         scores, count, _ = tf.function(network.align)(batch["mel"], batch["mel_length"], batch["tokens"],
                                                       batch["text_length"], training=False)
         mel_length = tf.convert_to_tensor(batch["mel_length"], tf.int32)
-
-        @tf.function(jit_compile=self.jit_compile)
-        def run_loops(scores, mel_length, count):
-            with tf.GradientTape() as tape:
-                tape.watch(scores)
-                loss = tf.reduce_sum(alignment.forward_sum_loss(scores, mel_length, count, loops))
-            gradient = tape.gradient(loss, scores)  # the backward loop (`_occupancy`)
-            path = alignment.viterbi_alignment(scores, mel_length, count, loops)
-            # One scalar that needs all three; reading it waits for the device, as the step's read does.
-            return loss + tf.reduce_sum(gradient) + tf.reduce_sum(path)
-
-        def once() -> float:
-            started = time.perf_counter()
-            float(run_loops(scores, mel_length, count))
-            return time.perf_counter() - started
-
-        warmup_s = once()
-        durations = [once() for _ in range(repeats)]
+        warmup_s, durations = _time_loops(loops, self.jit_compile, scores, mel_length, count, repeats)
         frames = int(scores.shape[1])
         block = loops.frames_per_iteration
         median_ms = float(np.median(durations) * 1e3)
@@ -90,3 +79,76 @@ class AlignmentLoopsTimer:
             "compiled": bool(loops.compile),
             "jit_compile": bool(self.jit_compile),
         }
+
+
+def _time_loops(loops: alignment.AlignmentLoops, jit_compile: bool, scores, mel_length, count,
+                repeats: int) -> tuple[float, list[float]]:
+    """(the first call's seconds: trace and compile, then `repeats` calls' seconds) of the forward-sum
+    loss with its gradient and Viterbi on `scores`, as a train step runs them."""
+
+    @tf.function(jit_compile=jit_compile)
+    def run_loops(scores, mel_length, count):
+        with tf.GradientTape() as tape:
+            tape.watch(scores)
+            loss = tf.reduce_sum(alignment.forward_sum_loss(scores, mel_length, count, loops))
+        gradient = tape.gradient(loss, scores)  # the backward loop (`_occupancy`)
+        path = alignment.viterbi_alignment(scores, mel_length, count, loops)
+        # One scalar that needs all three; reading it waits for the device, as the step's read does.
+        return loss + tf.reduce_sum(gradient) + tf.reduce_sum(path)
+
+    def once() -> float:
+        started = time.perf_counter()
+        float(run_loops(scores, mel_length, count))
+        return time.perf_counter() - started
+
+    first_s = once()
+    return first_s, [once() for _ in range(repeats)]
+
+
+def time_loop_frames(loops: alignment.AlignmentLoops, *, jit_compile: bool, shape=TIMING_SHAPE,
+                     repeats: int = 5) -> tuple[float, float]:
+    """(median seconds per frame of one loop, seconds of the first call) of the loops on random scores
+    of `shape` [batch, frames, tokens], every clip full length: the capacity plan's loop cost.
+
+    A frame of one loop, because the plan counts the step's loops in frames (`alignment_loop_iterations`
+    at one frame per iteration: forward-sum, its gradient, Viterbi and its backtrack); the random
+    scores cost what a batch's do (the loops' work does not depend on the values).
+    """
+    batch, frames, tokens = shape
+    scores = tf.nn.log_softmax(tf.random.stateless_normal(shape, seed=(0, 1)), axis=-1)
+    mel_length = tf.fill([batch], frames)
+    count = tf.fill([batch], tokens)
+    first_s, durations = _time_loops(loops, jit_compile, scores, mel_length, count, repeats)
+    return float(np.median(durations)) / alignment_loop_iterations(frames), first_s
+
+
+def _key(device: str, loops: alignment.AlignmentLoops, jit_compile: bool) -> LoopCostKey:
+    return LoopCostKey(device, loops.frames_per_iteration, jit_compile, TIMING_SHAPE, tf.__version__)
+
+
+def cached_loop_cost(device: str, loops: alignment.AlignmentLoops, *, jit_compile: bool = True,
+                     cache: ProbeCache | None = None) -> LoopCost | None:
+    """What a run on this GPU model (NVML's name) measured for these loops, or None."""
+    return (cache or loop_cost_cache()).load(_key(device, loops, jit_compile))
+
+
+def startup_loop_cost(device: str, loops: alignment.AlignmentLoops, *, jit_compile: bool = True,
+                      cache: ProbeCache | None = None, progress=lambda message: None) -> LoopCost:
+    """The loops' cost per frame on this process's device (named `device`): read from the cache, or
+    timed now (`time_loop_frames`, seconds) and cached for every later run on this GPU model."""
+    cache = cache or loop_cost_cache()
+    cached = cached_loop_cost(device, loops, jit_compile=jit_compile, cache=cache)
+    if cached is not None:
+        return cached
+    key = _key(device, loops, jit_compile)
+    batch, frames, tokens = TIMING_SHAPE
+    progress(f"alignment loops: timing them on {device} (once per GPU model: "
+             f"[{batch}, {frames}, {tokens}], {loops.frames_per_iteration} frames per iteration)")
+    seconds, first_s = time_loop_frames(loops, jit_compile=jit_compile)
+    cost = LoopCost(seconds, f"measured on {device} at the start of a run on {time.strftime('%Y-%m-%d')}: "
+                             f"forward-sum + gradient and Viterbi on [{batch}, {frames}, {tokens}] scores, "
+                             f"{loops.frames_per_iteration} frames per iteration, {'XLA' if jit_compile else 'graph'}, "
+                             f"median of 5 (first call {first_s:.1f} s); cached in {cache.path_for(key)}")
+    cache.store(key, cost)
+    progress(f"alignment loops: {seconds * 1e6:.1f} us per loop frame on {device}")
+    return cost

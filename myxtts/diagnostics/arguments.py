@@ -19,17 +19,22 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
                         help="override any config key, e.g. --set model.size=small (repeatable)")
 
 
-def add_gpu_assumption_arguments(parser: argparse.ArgumentParser, applies_to: str = "") -> None:
+def add_gpu_assumption_arguments(parser: argparse.ArgumentParser, applies_to: str = "",
+                                 measured_default: bool = False) -> None:
     """--mfu and --loop-iteration-us: the two assumptions of a GPU's predicted step time
     (hardware/capacity.py), for the capacity plan and the simulated GPU alike. `applies_to` prefixes
-    the help ("with --simulate-gpu: ")."""
+    the help ("with --simulate-gpu: "). `measured_default`: --loop-iteration-us defaults to None, for
+    the caller to look up a measured cost (the capacity plan, for a card this host has)."""
     from myxtts.hardware.capacity import DEFAULT_MFU, LOOP_ITERATION_S
 
     parser.add_argument("--mfu", type=float, default=DEFAULT_MFU,
                         help=f"{applies_to}model FLOPs utilization assumed (default: %(default)s)")
-    parser.add_argument("--loop-iteration-us", type=float, default=LOOP_ITERATION_S * 1e6,
+    parser.add_argument("--loop-iteration-us", type=float, default=None if measured_default else LOOP_ITERATION_S * 1e6,
                         help=f"{applies_to}GPU time per frame of each of the alignment's loops, in microseconds "
-                             "(default: %(default)s, measured on an H100 at 16 frames per loop iteration)")
+                             + ("(default: what a run on this host's card of that model measured at its start, "
+                                f"else {LOOP_ITERATION_S * 1e6}, measured on an H100 at 16 frames per loop iteration)"
+                                if measured_default else
+                                "(default: %(default)s, measured on an H100 at 16 frames per loop iteration)"))
 
 
 def run_overrides(arguments: argparse.Namespace) -> list[str]:

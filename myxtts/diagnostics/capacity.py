@@ -17,7 +17,7 @@ from myxtts.config import Config
 from myxtts.data.pipeline import build_vocabulary
 from myxtts.data.splits import load_splits
 from myxtts.diagnostics.calibration import SAMPLE_CLIPS, SECONDS_PER_ROUTE, calibrate
-from myxtts.hardware.capacity import DEFAULT_MFU, LOOP_ITERATION_S, CapacityPlan, plan_capacity
+from myxtts.hardware.capacity import DEFAULT_MFU, LOOP_ITERATION_S, LOOP_SOURCE, CapacityPlan, plan_capacity
 from myxtts.hardware.capacity_record import ROUTE_LABELS, ROUTES, CapacityCache, CapacityRecord
 from myxtts.hardware.detect import MachineFacts
 from myxtts.hardware.devices import DeviceSpec
@@ -36,12 +36,12 @@ def host_calibration(config: Config, *, cache: CapacityCache | None = None, reca
 
 def capacity_plans(config: Config, record: CapacityRecord, devices: list[DeviceSpec], facts: MachineFacts,
                    mfu: float = DEFAULT_MFU, loop_iteration_s: float = LOOP_ITERATION_S,
-                   gpus: int = 1) -> list[CapacityPlan]:
+                   loop_source: str = LOOP_SOURCE, gpus: int = 1) -> list[CapacityPlan]:
     """One capacity plan per GPU model for the config's model, batch and precision on this host,
     with `gpus` cards of it fed by this host's one input pipeline."""
     return [plan_capacity(record, device, facts, config.model.size, batch_size=config.data.batch_size,
                           precision=config.training.precision or "auto", mfu=mfu, loop_iteration_s=loop_iteration_s,
-                          gpus=gpus)
+                          loop_source=loop_source, gpus=gpus)
             for device in devices]
 
 

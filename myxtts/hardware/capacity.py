@@ -176,7 +176,7 @@ def summary_line(demand: GpuDemand, choice: RouteChoice, input_cores: int) -> st
 
 
 def capacity_lines(record: CapacityRecord, demand: GpuDemand, choice: RouteChoice, input_cores: int,
-                   loop_iteration_s: float = LOOP_ITERATION_S) -> list[str]:
+                   loop_iteration_s: float = LOOP_ITERATION_S, loop_source: str = LOOP_SOURCE) -> list[str]:
     """The capacity plan as printed, every number with its source."""
     device, cost = demand.device, record.models[demand.model_size]
     cap_text = ("at or above the ridge: arithmetic-bound" if demand.roofline_cap >= 1 else
@@ -195,7 +195,7 @@ def capacity_lines(record: CapacityRecord, demand: GpuDemand, choice: RouteChoic
         f"{record.tokens_per_audio_s:.1f} tokens per audio-second, padding x{record.padding:.2f}, "
         f"{_settings_text(record)}]",
         f"  alignment loops: {record.loop_iterations_per_audio_s / demand.batch:,.2f} sequential loop frames per "
-        f"audio-second at batch {demand.batch}, {loop_iteration_s * 1e6:.1f} us each  [{LOOP_SOURCE}]",
+        f"audio-second at batch {demand.batch}, {loop_iteration_s * 1e6:.1f} us each  [{loop_source}]",
         f"  fixed cost per step: {STEP_OVERHEAD_S * 1000:.0f} ms, {demand.overhead_s_per_audio_s * 1e6:,.0f} us per "
         f"audio-second at batch {demand.batch}  [{STEP_OVERHEAD_SOURCE}]",
         f"  GPU consumes ~{_rate(demand.audio_s_per_s)} audio-s/s (~{_rate(demand.compute_bound_audio_s_per_s)} if "
@@ -234,9 +234,11 @@ class CapacityPlan:
     input_cores: int
     record: CapacityRecord
     loop_iteration_s: float
+    loop_source: str = LOOP_SOURCE
 
     def lines(self) -> list[str]:
-        return capacity_lines(self.record, self.demand, self.choice, self.input_cores, self.loop_iteration_s)
+        return capacity_lines(self.record, self.demand, self.choice, self.input_cores, self.loop_iteration_s,
+                              self.loop_source)
 
     def summary(self) -> str:
         return summary_line(self.demand, self.choice, self.input_cores)
@@ -248,7 +250,7 @@ class CapacityPlan:
             "precision": d.precision, "peak_flops": d.peak_flops, "peak_path": d.path, "mfu": d.mfu,
             "mfu_source": MFU_SOURCE, "utilization": d.utilization, "batch": d.batch,
             "flops_per_audio_s": d.flops_per_audio_s, "loop_iteration_s": self.loop_iteration_s,
-            "loop_source": LOOP_SOURCE, "gpu_audio_s_per_s": d.audio_s_per_s,
+            "loop_source": self.loop_source, "gpu_audio_s_per_s": d.audio_s_per_s,
             "gpu_compute_bound_audio_s_per_s": d.compute_bound_audio_s_per_s, "input_cores": self.input_cores,
             "routes": [{"route": s.route, "per_core": s.per_core, "supply": s.supply, "demand": s.demand,
                         "cores_needed": s.cores_needed, "feeds": s.feeds} for s in self.choice.supplies],
@@ -266,7 +268,8 @@ def gpu_facts_for(device: DeviceSpec, index: int = 0) -> GpuFacts:
 
 def plan_capacity(record: CapacityRecord, device: DeviceSpec, facts: MachineFacts, model_size: str, *,
                   batch_size: int = 0, precision: str = "auto", mfu: float = DEFAULT_MFU,
-                  loop_iteration_s: float = LOOP_ITERATION_S, gpus: int = 1) -> CapacityPlan:
+                  loop_iteration_s: float = LOOP_ITERATION_S, loop_source: str = LOOP_SOURCE,
+                  gpus: int = 1) -> CapacityPlan:
     """The capacity plan of this host (`facts`: its cores and RAM) driving `gpus` of `device`.
 
     Precision, batch and the pipeline's cores are the hardware plan's for that GPU, so the numbers are
@@ -279,4 +282,4 @@ def plan_capacity(record: CapacityRecord, device: DeviceSpec, facts: MachineFact
                      mel_on_device=True)
     # The input's cores are the pipeline's thread pool (it keeps two calls in flight on each).
     choice = choose_route(record, demand, mel, plan.private_threadpool_size, gpus)
-    return CapacityPlan(demand, mel, choice, plan.private_threadpool_size, record, loop_iteration_s)
+    return CapacityPlan(demand, mel, choice, plan.private_threadpool_size, record, loop_iteration_s, loop_source)

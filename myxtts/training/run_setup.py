@@ -30,16 +30,18 @@ from myxtts.config import Config
 from myxtts.data.audio import data_problem
 from myxtts.data.splits import check_data_paths, load_splits
 from myxtts.data.phonemes import check_language
-from myxtts.diagnostics import capacity
+from myxtts.diagnostics import alignment_timing, capacity
 from myxtts.data.text import Vocabulary
 from myxtts.hardware.batch_plan import BatchPlan
 from myxtts.hardware.cpu_precision import probe_cpu_precision
 from myxtts.hardware.detect import MachineFacts, detect_machine
 from myxtts.hardware.devices import device_for_gpu_name
 from myxtts.hardware.gpu_memory import allow_memory_growth
+from myxtts.hardware.loop_cost import FALLBACK as FALLBACK_LOOP_COST
 from myxtts.hardware.plan import Plan, RequestedSettings, plan_for_machine
 from myxtts.hardware.probe_runner import probe_batch_size
 from myxtts.hardware.report import short_summary
+from myxtts.models.alignment import AlignmentLoops
 from myxtts.hardware.probe import default_cache_dir
 from myxtts.startup_noise import quiet_start
 from myxtts.training import batch_probe, distribute, precision_probe, xla_cache
@@ -120,13 +122,17 @@ def _persistent_xla_cache(config: Config, facts: MachineFacts, echo) -> None:
 ROUTE_KEYS = {"on_the_fly": (False, False), "cached_features": (True, False), "mel_on_device": (False, True)}
 
 
-def apply_input_route(config: Config, facts: MachineFacts, echo=console_echo, calibrate=None) -> Config:
+def apply_input_route(config: Config, facts: MachineFacts, echo=console_echo, calibrate=None,
+                      loop_cost=None) -> Config:
     """The config with data.cache_features / data.mel_on_device set by `hardware.input_route`.
 
     A named route sets them. `auto`, on a GPU the spec-sheet table knows, takes the capacity plan's
     route for it: the host is calibrated on the training corpus (`calibrate(config, progress)`, by
     default `diagnostics.capacity.host_calibration`, timed once per corpus, settings and CPU, then
-    read from its cache) and the simplest route whose supply meets the GPU's demand wins. Anywhere
+    read from its cache) and the simplest route whose supply meets the GPU's demand wins. The demand's
+    alignment loops cost what they measure on this GPU (`loop_cost(config, progress)`, by default
+    `diagnostics.alignment_timing.startup_loop_cost`: timed once per GPU model, then cached), or the
+    H100's figure where that timing fails. Anywhere
     else (a CPU, an unknown card, input from a tf.data service) and with `keys`, the two keys stand.
     """
     route = config.hardware.input_route
@@ -147,7 +153,19 @@ def apply_input_route(config: Config, facts: MachineFacts, echo=console_echo, ca
             echo(f"input route: the host calibration failed ({problem or (str(error).splitlines() or [''])[0][:200]}); "
                  "data.cache_features and data.mel_on_device stay as set")
             return config
-        plan = capacity.capacity_plans(config, record, [device], facts, gpus=gpus)[0]
+        if loop_cost is None:
+            def loop_cost(config, progress):
+                loops = AlignmentLoops.for_device(on_gpu=True, step_compiled=True,
+                                                  frames_per_iteration=config.training.alignment_frames_per_iteration)
+                return alignment_timing.startup_loop_cost(facts.gpus[0].name, loops, progress=progress)
+        try:
+            loops = loop_cost(config, echo)
+        except (ValueError, RuntimeError, tf.errors.OpError) as error:  # the plan still has a figure to go on
+            echo(f"alignment loops: timing them failed ({(str(error).splitlines() or [''])[0][:200]}); "
+                 f"the capacity plan takes {FALLBACK_LOOP_COST.seconds_per_frame * 1e6:.1f} us per loop frame")
+            loops = FALLBACK_LOOP_COST
+        plan = capacity.capacity_plans(config, record, [device], facts, loop_iteration_s=loops.seconds_per_frame,
+                                       loop_source=loops.source, gpus=gpus)[0]
         route = plan.choice.route
         echo(f"input route{f' for {gpus} GPUs' if gpus > 1 else ''}: {plan.summary()}")
     cache_features, mel_on_device = ROUTE_KEYS[route]
