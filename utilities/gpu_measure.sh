@@ -4,7 +4,8 @@
 #
 #   bash utilities/gpu_measure.sh loops            # the alignment's loops per frame, graph-mode steps,
 #                                                  # one XLA step's compile (default flags vs parallel)
-#   bash utilities/gpu_measure.sh demo xla 540     # train_main.py --demo as a user gets it (XLA + bf16)
+#   bash utilities/gpu_measure.sh demo xla 540     # train_main.py --demo as a user gets it (XLA + bf16);
+#                                                  # its log has the loops timed at start and the plan
 #   bash utilities/gpu_measure.sh demo graph 360   # the same without XLA (the loops compiled alone)
 #   bash utilities/gpu_measure.sh diagnose 200     # utilities/diagnose_gpu_bottleneck.py on the demo
 #
@@ -46,7 +47,7 @@ demo)
   timeout "$limit" python3 train_main.py --demo --output-dir "/root/runs/demo_$route" \
     --set "training.enable_xla_compilation=$set_xla" > "$out/demo_$route.log" 2>&1
   echo "demo ($route) rc=$? after ${SECONDS}s"; kill "$smi" 2>/dev/null
-  grep -vE "ptxas|^W0|^I0" "$out/demo_$route.log" | grep -E "^(step|hardware|plan|probe|compile|data|val|train|saved|done)|WER|rror|took|compil" | tail -40
+  grep -vE "ptxas|^W0|^I0" "$out/demo_$route.log" | grep -E "^(step|hardware|plan|probe|compile|data|val|train|saved|done|alignment loops|input route)|WER|rror|took|compil" | tail -40
   awk -F', ' '{gsub(/ %/,"",$2); if ($2+0 > 0) {n++; s+=$2}} END {if (n) printf "GPU busy: mean %.0f%% over %d busy seconds\n", s/n, n}' "$out/demo_${route}_gpu.csv"
   ;;
 diagnose)
