@@ -469,6 +469,11 @@ def test_cli_end_to_end_on_the_tiny_model(tmp_path, corpus, capsys, monkeypatch)
     assert (loops["frames_per_iteration"], loops["compiled"], loops["jit_compile"], alone["xla"]) == (1, True, False, False)
     assert loops["share_of_step"] == pytest.approx(loops["median_ms"] / alone["p50_ms"])
     assert "its alignment loops alone" in out
+    # The same step traced by the profiler: its work split into the loops, matrix products and the rest.
+    split = report["measurements"]["step_profile"]
+    assert split["source"] == "cpu ops" and split["steps"] == 3 and split["loops_ms"] > 0 and split["matmuls_ms"] > 0
+    assert split["busy_ms"] == pytest.approx(split["loops_ms"] + split["matmuls_ms"] + split["other_ms"])
+    assert "its profile" in out and "alignment loops" in out.split("its profile")[1].splitlines()[0]
     from myxtts.hardware.detect import detect_machine
     from myxtts.hardware.plan import plan_for_machine
     planned = plan_for_machine(detect_machine(), "tiny").num_parallel_calls

@@ -217,6 +217,7 @@ def run(config, arguments: argparse.Namespace, overrides: list[str]) -> dict:
         device_memory=device_memory,
         host_work=read_all_metrics,
         alignment_loops=setup.alignment_loops,
+        profile=True,
         compute_capability=facts.gpus[0].compute_capability if facts.gpus else None,
         **common,
     )

@@ -19,7 +19,7 @@ from typing import Any, Callable, Protocol
 import numpy as np
 import tensorflow as tf
 
-from myxtts.diagnostics import timing
+from myxtts.diagnostics import step_profile, timing
 from myxtts.diagnostics.gpu_sampler import GpuSeries, summarize_utilization
 from myxtts.diagnostics.report_schema import SCHEMA_VERSION, validate_report
 from myxtts.diagnostics.verdict import decide, recommend
@@ -100,6 +100,7 @@ def diagnose(
     compute_capability: tuple[int, int] | None = None,
     simulated: dict | None = None,
     alignment_loops: LoopsTimer | None = None,
+    profile: bool = False,
     progress: Callable[[str], None] = lambda message: None,
 ) -> dict:
     """Measure, decide and recommend; returns the report (see `report_schema`).
@@ -109,6 +110,9 @@ def diagnose(
     the GPU a simulated `step` stands for (`--simulate-gpu`), reported as `gpu.simulated`.
     `alignment_loops`: times the step's alignment loops alone on (b)'s batch, with their share of
     (b)'s median step (`measurements.alignment_loops`; null without it, e.g. for a simulated GPU).
+    `profile`: traces a few of (b)'s steps with TensorFlow's profiler and splits their device time
+    into the alignment's loops, matrix products and the rest (`step_profile.py`;
+    `measurements.step_profile`, null without it or where the profiler failed, with a note).
     `machine["input_plan"]`, when present, is the capacity plan's own data.num_workers for the
     machine, below which no recommendation goes.
     """
@@ -135,6 +139,17 @@ def diagnose(
         loops = alignment_loops.measure(seen[0], repeats, progress)
         step_ms = step_alone["p50_ms"]
         loops["share_of_step"] = loops["median_ms"] / step_ms if step_ms else None
+    split = None
+    if profile:
+        progress("    the same step traced by TensorFlow's profiler: 3 steps")
+        try:
+            split = step_profile.profile_step(step, seen[0], repeats=3)
+        except (RuntimeError, ImportError, tf.errors.OpError) as error:  # the profiler is optional here
+            split = {"note": f"the profiler failed: {(str(error).splitlines() or [''])[0][:200]}"}
+        else:
+            shares = split["shares"]
+            progress(f"    {split['busy_ms']:.1f} ms of {split['source']} per step: loops {shares['loops']:.0%}, "
+                     f"matmuls {shares['matmuls']:.0%}, other {shares['other']:.0%}")
 
     progress(f"(c) real training: {num_batches} steps, each split into input wait / compiled step / host")
     note = sampler.start() if sampler is not None else no_sampler_note
@@ -156,7 +171,7 @@ def diagnose(
     gpu = gpu_section(series, note, origin, end, tensorflow_peak_bytes=peak, simulated=simulated)
 
     measurements = {"input_pipeline": pipeline, "precompile": compiled, "step_alone": step_alone,
-                    "alignment_loops": loops, "training": training}
+                    "alignment_loops": loops, "step_profile": split, "training": training}
     verdict = decide(training, gpu, pipeline, step_alone, loops)
     overridden = {override.split("=", 1)[0].strip() for override in config_info.get("overrides", [])}
     report = {

@@ -89,6 +89,16 @@ def _measurement_lines(report: dict) -> list[str]:
                                                         f"the step alone ({loops['frames']} frames, "
                                                         f"{loops['frames_per_iteration']} per iteration, "
                                                         f"{loops['iterations']} iterations; {how})"))
+    split = m.get("step_profile")
+    if split:
+        at = 3 if loops else 2
+        if "note" in split:
+            rows.insert(at, ("    its profile", split["note"]))
+        else:
+            shares = split["shares"]
+            rows.insert(at, ("    its profile", f"{_ms(split['busy_ms'])} of {split['source']} per step: alignment loops "
+                                              f"{shares['loops']:.0%}, matmuls {shares['matmuls']:.0%}, other "
+                                              f"{shares['other']:.0%}  (TensorFlow profiler, {split['steps']} steps)"))
     if pre["shapes"]:
         rows.insert(1, ("compiling before timing", f"{pre['shapes']} batch shape(s) met in (a), {pre['seconds']:.1f} s "
                                                    "(a training run pays this once per shape)"))

@@ -10,8 +10,8 @@ Fields:
 - `schema_version`: 5 for this layout (2: `gpu.tensorflow_peak_bytes` added; the memory verdict
   uses it instead of `gpu.memory_used_bytes`; 3: `gpu.simulated` added; 4: `measurements.alignment_loops`,
   `measurements.step_alone.xla`, `machine.input_plan` and the loop-bound verdict added; 5:
-  `static.cpu.oversubscribed`, false for the hardware plan's own count); raised when
-  a field changes meaning.
+  `static.cpu.oversubscribed`, false for the hardware plan's own count; 6:
+  `measurements.step_profile`); raised when a field changes meaning.
 - `created_utc`: when the report was made, ISO 8601 in UTC.
 - `config.path`: the YAML given with --config, or null. `config.overrides`: the `key=value`
   overrides applied on top (flags and --set), in order.
@@ -51,6 +51,11 @@ Fields:
   alone's `p50_ms`), `frames` and `tokens` of the batch, `frames_per_iteration`, `iterations`
   (sequential loop iterations per step), `compiled` (each loop an XLA program of its own),
   `jit_compile` (timed inside an XLA-compiled function, as the step is).
+- `measurements.step_profile` (null when not asked for, e.g. with --simulate-gpu): three steps
+  alone traced by TensorFlow's profiler (`diagnostics/step_profile.py`): `source` ("gpu kernels",
+  or "cpu ops" without a GPU), `steps`, `busy_ms` (device work per step), `loops_ms` (the
+  alignment's loops), `matmuls_ms` (matrix products, convolutions), `other_ms`, and their `shares`
+  of `busy_ms` (`shares.loops`, `shares.matmuls`, `shares.other`); only `note` when the profiler failed.
 - `measurements.training`: real training: `steps` run, `compile_steps` (traced or compiled, left
   out of the rest), `steady_steps`, `steps_per_s`, `step_ms` / `input_wait` / `compiled_step` /
   `host_other` (each with `total_s`, `mean_ms`, `p50_ms`, `p95_ms`; the last three with `share` of
@@ -85,7 +90,7 @@ from __future__ import annotations
 
 from typing import Any, Iterator
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 
 _NUMBER = {"type": "number"}
 _OPTIONAL_NUMBER = {"type": ["number", "null"]}
@@ -185,6 +190,12 @@ REPORT_SCHEMA: dict = _object({
             "frames": _COUNT, "tokens": _COUNT, "frames_per_iteration": {"type": "integer", "minimum": 1},
             "iterations": _COUNT, "compiled": {"type": "boolean"}, "jit_compile": {"type": "boolean"},
         }, nullable=True),
+        "step_profile": _object({
+            "source": {"type": "string", "enum": ["gpu kernels", "cpu ops"]}, "steps": _COUNT,
+            "busy_ms": _NUMBER, "loops_ms": _NUMBER, "matmuls_ms": _NUMBER, "other_ms": _NUMBER,
+            "shares": _object({"loops": _SHARE, "matmuls": _SHARE, "other": _SHARE}),
+            "note": {"type": "string"},
+        }, nullable=True, required=[]),
         "training": _object({
             "steps": _COUNT,
             "compile_steps": _COUNT,
