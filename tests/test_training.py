@@ -75,6 +75,38 @@ def test_accumulation_matches_one_big_batch(setup):
         np.testing.assert_allclose(a, b, atol=1e-6)  # fp32 summation order only
 
 
+def test_validation_runs_in_graph_mode_when_the_train_step_is_xla_compiled(setup, monkeypatch):
+    # XLA compiles a program per batch shape (minutes each on an H100); validation meets every bucket
+    # too, for a few batches per evaluation. Keras reads jit_compile when it builds each function.
+    config, vocabulary, batch = setup
+    model = _model(vocabulary, config, keras.optimizers.AdamW(1e-3))
+    model.compile(optimizer=keras.optimizers.AdamW(1e-3), jit_compile=True)
+    built, real = [], tf.function
+
+    def spy(*args, **kwargs):
+        built.append(kwargs.get("jit_compile"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(tf, "function", spy)
+    model.make_train_function(force=True)
+    train = built[:]
+    built.clear()
+    model.make_test_function(force=True)
+    monkeypatch.undo()
+    assert True in train and True not in built and False in built, (train, built)
+    assert model.jit_compile is True  # only the validation function was built without it
+    # It evaluates what a model without XLA evaluates (its loops compiled alone, as in graph mode).
+    plain = _model(vocabulary, config, keras.optimizers.AdamW(1e-3))
+    model(batch), plain(batch)  # every variable built before the weights are copied
+    plain.network.set_weights(model.network.get_weights())
+    dataset = tf.data.Dataset.from_tensors(batch)
+    ours = model.evaluate(dataset, verbose=0, return_dict=True)
+    theirs = plain.evaluate(dataset, verbose=0, return_dict=True)
+    assert ours.keys() == theirs.keys() and np.isfinite(ours["loss"])
+    for name in ours:
+        np.testing.assert_allclose(ours[name], theirs[name], rtol=1e-5, err_msg=name)
+
+
 def test_nonfinite_loss_skips_the_update(setup):
     config, vocabulary, batch = setup
     model = _model(vocabulary, config, keras.optimizers.AdamW(1e-3))

@@ -17,7 +17,7 @@ Rules, in one place:
   then ran it in 38 ms at the longest bucket (1,040 frames), against 94-101 ms at 520 frames in graph
   mode with the alignment's loops compiled alone, whose shapes compile in seconds: at least 56 ms
   saved. So XLA is chosen when the run's micro-batch steps exceed `XLA_PAYBACK_STEPS_PER_SHAPE` per
-  compiled shape (train and validation buckets); the 1,400-step demo
+  compiled shape (one per train bucket: validation runs in graph mode); the 1,400-step demo
   stays in graph mode (406 s on the H100; with XLA it had done 2 steps after 428 s). A run whose length
   is unknown (the hardware report) is taken as long.
 - Batch prior: a per-GPU batch for the `base` model (~100M parameters) looked up from the GPU's free
@@ -103,9 +103,9 @@ class RequestedSettings:
     tf32: bool | None = None
     xla: bool | None = None
     # For XLA's payback on a GPU: the run's optimizer updates and the step shapes XLA would compile
-    # (train and validation buckets). None: unknown, taken as a long run.
+    # (one per train bucket; validation runs in graph mode). None: unknown, taken as a long run.
     planned_updates: int | None = None
-    compiled_shapes: int = 12
+    compiled_shapes: int = 6
 
     def __post_init__(self) -> None:
         for name in ("batch_size", "gradient_accumulation_steps", "num_workers", "effective_batch_size"):

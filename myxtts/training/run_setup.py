@@ -52,9 +52,10 @@ from myxtts.training.run_folder import RunText, has_checkpoint, prepare_text
 
 
 def compiled_step_shapes(config: Config) -> int:
-    """How many step programs XLA would compile: a train and a validation step per bucket when batches
-    are padded to buckets; without bucketing every batch length is its own shape (taken as 50)."""
-    return 2 * len(config.data.bucket_boundaries_s) if config.data.bucketing else 50
+    """How many step programs XLA would compile: a train step per bucket when batches are padded to
+    buckets (validation runs in graph mode, `TrainingModel.make_test_function`); without bucketing
+    every batch length is its own shape (taken as 50)."""
+    return len(config.data.bucket_boundaries_s) if config.data.bucketing else 50
 
 
 def resolve_plan(config: Config, echo=console_echo) -> tuple[Config, str, Plan]:

@@ -110,14 +110,35 @@ class TrainingModel(keras.Model):
 
     def test_step(self, batch):
         batch = self.with_mel(batch)
+        # The validation step is never XLA-compiled (make_test_function), so its loops are XLA
+        # programs of their own, whatever the train step's are (run eagerly, they stay as written).
+        loops = dataclasses.replace(self.network.alignment_loops, compile=not self.run_eagerly)
         # Per example: the means are over clips, and each tracker update depends on the batch. (With a
         # scalar, Keras' Mean counts +1 without reading the batch, so evaluate's final, exhausted
         # get_next still counted one batch more on datasets of unknown length: measured.)
         losses = compute_losses(batch, self.network(batch, training=False), per_example=True,
-                                loops=self.network.alignment_loops, speaker_weight=self.speaker_weight)
+                                loops=loops, speaker_weight=self.speaker_weight)
         for name, tracker in self.loss_trackers.items():
             tracker.update_state(losses[name])
         return reducible_logs({name: tracker.result() for name, tracker in self.loss_trackers.items()})
+
+    def make_test_function(self, force=False):
+        """Keras' validation function, in graph mode even when the train step is XLA-compiled.
+
+        Why: XLA compiles a program per batch shape (on an H100, 106-160 s each for the train step),
+        and validation meets every bucket too, for a few batches per evaluation: compiling it would
+        double the run's compile time to save milliseconds. In graph mode, with the alignment's
+        loops compiled alone (`test_step`), each shape costs seconds. Keras reads `jit_compile` when
+        it builds the function, so it is switched off for that moment only.
+        """
+        if self.test_function is not None and not force:
+            return self.test_function
+        jit_compile = self.jit_compile
+        self.jit_compile = False
+        try:
+            return super().make_test_function(force)
+        finally:
+            self.jit_compile = jit_compile
 
     def compile(self, *args, **kwargs):
         super().compile(*args, **kwargs)
