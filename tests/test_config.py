@@ -310,4 +310,4 @@ def test_the_voices_recipe_is_the_demo_trained_longer_on_other_corpora():
     voices, demo = load_config(ROOT / "configs" / "voices.yaml"), load_config(ROOT / "configs" / "demo.yaml")
     differing = {k: cfg.get_value(voices, k) for k in cfg.all_keys() if cfg.get_value(voices, k) != cfg.get_value(demo, k)}
     assert differing == {"data.train_data": "voices_corpus", "data.unseen_voices_data": "heldout_corpus",
-                         "training.max_steps": 5600, "training.eval_interval": 2800}
+                         "training.max_steps": 11200, "training.eval_interval": 2800}
