@@ -143,6 +143,24 @@ def test_hardware_module_prints_the_capacity_plan_for_a_card_it_does_not_have(tm
     assert f"eats ~{expected:,.0f} audio-s/s" in summary and math.isfinite(expected)
 
 
+def test_hardware_module_plans_the_hosts_card_with_the_loop_cost_a_run_measured_on_it(tmp_path, monkeypatch):
+    from myxtts.hardware import __main__ as module
+    from myxtts.hardware.loop_cost import GPU_FRAMES_PER_ITERATION, key_for, loop_cost_cache
+
+    monkeypatch.setenv("MYXTTS_CACHE_DIR", str(tmp_path))
+    cache = CapacityCache(tmp_path / "capacity")
+    cache.store(record(cpu=cpu_model_name()))
+    h100 = gpu_facts_for(device_by_key("H100"))
+    facts = MachineFacts(gpus=(h100,), usable_cpu_cores=16)
+    loop_cost_cache().store(key_for(h100.name, GPU_FRAMES_PER_ITERATION, True), LoopCost(12.5e-6, "measured here (test)"))
+    args = module.parse_args(["--capacity-gpu", "H100"])
+    lines, _ = module.capacity_section(facts, [h100.name], args, cache=cache)
+    assert any("12.5 us each  [measured here (test)]" in line for line in lines), lines
+    # A card this host does not have: the H100's figure.
+    lines, _ = module.capacity_section(facts, [h100.name], module.parse_args(["--capacity-gpu", "T4"]), cache=cache)
+    assert any("8.3 us each  [measured on an H100 under XLA" in line for line in lines), lines
+
+
 def test_training_takes_the_capacity_plans_route_on_a_known_gpu():
     from myxtts.config import load_config
     from myxtts.training.run_setup import apply_input_route

@@ -43,17 +43,14 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
 def loop_cost(arguments: argparse.Namespace, config, device, facts):
     """The alignment loops' cost per frame on `device`: --loop-iteration-us, else what a run on this
     host's card of that model measured at its start (cached), else the H100's figure."""
-    from myxtts.diagnostics.alignment_timing import cached_loop_cost
     from myxtts.hardware.devices import device_for_gpu_name
-    from myxtts.hardware.loop_cost import FALLBACK, LoopCost
-    from myxtts.models.alignment import AlignmentLoops
+    from myxtts.hardware.loop_cost import FALLBACK, GPU_FRAMES_PER_ITERATION, LoopCost, cost_for_gpu
 
     if arguments.loop_iteration_us is not None:
         return LoopCost(arguments.loop_iteration_us * 1e-6, "set by --loop-iteration-us")
-    loops = AlignmentLoops.for_device(on_gpu=True, step_compiled=True,
-                                      frames_per_iteration=config.training.alignment_frames_per_iteration)
     names = [gpu.name for gpu in facts.gpus if device_for_gpu_name(gpu.name) == device]
-    return (cached_loop_cost(names[0], loops) if names else None) or FALLBACK
+    frames = config.training.alignment_frames_per_iteration or GPU_FRAMES_PER_ITERATION
+    return cost_for_gpu(names[0], frames) if names else FALLBACK
 
 
 def main(argv: list[str] | None = None) -> int:

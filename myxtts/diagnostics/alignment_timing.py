@@ -33,7 +33,7 @@ from typing import Any, Callable
 import numpy as np
 import tensorflow as tf
 
-from myxtts.hardware.loop_cost import TIMING_SHAPE, LoopCost, LoopCostKey, loop_cost_cache
+from myxtts.hardware.loop_cost import TIMING_SHAPE, LoopCost, LoopCostKey, key_for, loop_cost_cache
 from myxtts.hardware.probe import ProbeCache
 from myxtts.models import alignment
 from myxtts.models.flops import alignment_loop_iterations
@@ -123,7 +123,7 @@ def time_loop_frames(loops: alignment.AlignmentLoops, *, jit_compile: bool, shap
 
 
 def _key(device: str, loops: alignment.AlignmentLoops, jit_compile: bool) -> LoopCostKey:
-    return LoopCostKey(device, loops.frames_per_iteration, jit_compile, TIMING_SHAPE, tf.__version__)
+    return key_for(device, loops.frames_per_iteration, jit_compile)
 
 
 def cached_loop_cost(device: str, loops: alignment.AlignmentLoops, *, jit_compile: bool = True,

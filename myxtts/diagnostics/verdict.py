@@ -43,6 +43,9 @@ from typing import Any, Collection
 
 from myxtts.diagnostics.gpu_sampler import OSCILLATING_SCORE
 from myxtts.diagnostics.timing import HIGHLY_INPUT_BOUND, MODERATELY_INPUT_BOUND
+# Frames per loop iteration on a GPU (the automatic value of AlignmentLoops.for_device): under XLA on
+# an H100, 20.3 / 13.0 us a frame (forward-sum + gradient / Viterbi) against 50.0 / 50.7 at one.
+from myxtts.hardware.loop_cost import GPU_FRAMES_PER_ITERATION
 
 VERDICTS = ("input-bound", "host-overhead-bound", "loop-bound", "memory-bound", "compute-bound")
 HOST_OVERHEAD_SHARE = 0.20
@@ -55,10 +58,6 @@ ROUND_TRIP_SHARE = 0.05
 # change moves them: only fewer iterations (frames per iteration) or cheaper ones (XLA) do. At 40%
 # they are the step's largest part, and halving them gains a fifth of the step or more.
 LOOP_BOUND_SHARE = 0.40
-# Frames per loop iteration on a GPU: under XLA on an H100, 20.3 / 13.0 us a frame (forward-sum +
-# gradient / Viterbi) against 50.0 / 50.7 at one
-# (models/alignment.py, AlignmentLoops.for_device; the automatic value there).
-GPU_FRAMES_PER_ITERATION = 16
 XLA_KEY = "training.enable_xla_compilation"
 # How to measure XLA before it is recommended (an XLA step crashed at its first step on an H100).
 TRY_XLA = f"run the diagnosis again with --set {XLA_KEY}=true"

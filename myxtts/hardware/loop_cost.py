@@ -16,12 +16,16 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from importlib import metadata
 from typing import Any, Mapping
 
 from myxtts.hardware.capacity import LOOP_ITERATION_S, LOOP_SOURCE
 from myxtts.hardware.probe import ProbeCache, config_hash
 
 CACHE_FOLDER = "loops"
+# Frames each loop iteration steps through on a GPU (`models/alignment.AlignmentLoops.for_device`):
+# on an H100 a frame cost 2.5-3.9x less at 16 than at one (BENCHMARKS.md, "On an H100").
+GPU_FRAMES_PER_ITERATION = 16
 # The batch the loops are timed on at start: the plan's batch prior on large cards, frames about one
 # long clip's (a frame's cost does not depend on the length), tokens a long sentence's.
 TIMING_SHAPE = (16, 512, 100)
@@ -61,3 +65,24 @@ FALLBACK = LoopCost(LOOP_ITERATION_S, LOOP_SOURCE)
 
 def loop_cost_cache(directory=None) -> ProbeCache:
     return ProbeCache(directory, folder=CACHE_FOLDER, result_type=LoopCost)
+
+
+def tensorflow_version() -> str:
+    """The installed TensorFlow's version, read from its package (no import of TensorFlow)."""
+    for name in ("tensorflow", "tensorflow-cpu", "tf-nightly"):
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return "unknown"
+
+
+def key_for(device: str, frames_per_iteration: int, jit_compile: bool) -> LoopCostKey:
+    return LoopCostKey(device, frames_per_iteration, jit_compile, TIMING_SHAPE, tensorflow_version())
+
+
+def cost_for_gpu(gpu_name: str, frames_per_iteration: int = GPU_FRAMES_PER_ITERATION,
+                 cache: ProbeCache | None = None) -> LoopCost:
+    """What a training run's start measured on a card of this model (NVML's name; the XLA timing the
+    capacity plan uses), else the H100's figure."""
+    return (cache or loop_cost_cache()).load(key_for(gpu_name, frames_per_iteration, True)) or FALLBACK

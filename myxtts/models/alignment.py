@@ -39,6 +39,8 @@ import math
 
 import tensorflow as tf
 
+from myxtts.hardware.loop_cost import GPU_FRAMES_PER_ITERATION
+
 # Log-probability standing for "impossible": finite, so that 0 * it stays 0 in gradients, and
 # far enough below any real path score (T frames x at most ~30 nats) never to be chosen.
 IMPOSSIBLE = -1e9
@@ -69,7 +71,7 @@ class AlignmentLoops:
         loops, and on this project's CPU 6-12x (BENCHMARKS.md, "The alignment's loops").
         """
         if not frames_per_iteration:
-            frames_per_iteration = 16 if on_gpu else 1
+            frames_per_iteration = GPU_FRAMES_PER_ITERATION if on_gpu else 1
         return cls(frames_per_iteration, compile=not step_compiled)
 
 
