@@ -133,9 +133,14 @@ def main(argv=None) -> int:
             done = (epoch + 1) * interval
             rate = (time.monotonic() - self.started) / max(done - self.first, 1)
             phase = f" phase {logs['phase_loss']:.3f}" if "phase_loss" in logs else ""
+            skipped = int(logs.get("nonfinite_in_a_row", 0))
             print(f"step {done}/{args.steps}  loss {logs['loss']:.3f} (mel {logs['mel_loss']:.3f} stft {logs['stft_loss']:.3f}{phase})"
-                  f"  {rate * 1000:.0f} ms/step  ETA {time.strftime('%H:%M:%S', time.gmtime(rate * (args.steps - done)))}",
-                  flush=True)
+                  f"  {rate * 1000:.0f} ms/step  ETA {time.strftime('%H:%M:%S', time.gmtime(rate * (args.steps - done)))}"
+                  + (f"  ({skipped} non-finite updates skipped in a row)" if skipped else ""), flush=True)
+            if skipped >= interval:  # every update of this stretch was skipped: it will not recover
+                print(f"stopping: the last {skipped} updates were all non-finite and skipped; the vocoder keeps the "
+                      f"weights of the last finite one (try a lower --learning-rate)", flush=True)
+                self.model.stop_training = True
 
     started = time.monotonic()
     trainer.fit(stream, steps_per_epoch=interval, epochs=math.ceil(args.steps / interval), verbose=0,

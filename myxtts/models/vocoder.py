@@ -271,6 +271,8 @@ class VocoderTrainer(keras.Model):
         self.vocoder, self.segment_frames, self.phase_weight = vocoder, segment_frames, phase_weight
         names = ("loss", "mel_loss", "stft_loss") + (("phase_loss",) if phase_weight else ())
         self.trackers = {name: keras.metrics.Mean(name=name) for name in names}
+        # Updates skipped since the last finite one (int64: TensorFlow keeps int32 variables on the host).
+        self.nonfinite_in_a_row = keras.Variable(0, dtype="int64", trainable=False, name="nonfinite_in_a_row")
 
     @property
     def metrics(self):
@@ -305,10 +307,22 @@ class VocoderTrainer(keras.Model):
         with tf.GradientTape() as tape:
             losses = self.losses_of(batch, training=True)
         variables = self.vocoder.trainable_variables
-        self.optimizer.apply(tape.gradient(losses["loss"], variables), variables)
+        gradients = tape.gradient(losses["loss"], variables)
+        # A non-finite update is skipped, as the acoustic model's step does (training/step.py): one
+        # NaN applied makes every weight NaN, and the run would go on training, backing up and
+        # saving a vocoder that speaks nothing (seen once at step ~1,550 of 10,800 on 343 voices).
+        finite = tf.logical_and(tf.math.is_finite(losses["loss"]),
+                                tf.math.is_finite(tf.linalg.global_norm(gradients)))
+        tf.cond(finite, lambda: self._apply(gradients, variables), lambda: tf.constant(False))
+        self.nonfinite_in_a_row.assign(tf.where(finite, tf.constant(0, tf.int64), self.nonfinite_in_a_row + 1))
         for name, tracker in self.trackers.items():
-            tracker.update_state(losses[name])
-        return {name: tracker.result() for name, tracker in self.trackers.items()}
+            tracker.update_state(tf.where(finite, losses[name], 0.0), sample_weight=tf.cast(finite, tf.float32))
+        logs = {name: tracker.result() for name, tracker in self.trackers.items()}
+        return {**logs, "nonfinite_in_a_row": tf.identity(self.nonfinite_in_a_row.value)}
+
+    def _apply(self, gradients, variables):
+        self.optimizer.apply(gradients, variables)
+        return tf.constant(True)
 
     def test_step(self, batch):
         losses = self.losses_of(batch)
