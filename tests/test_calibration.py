@@ -102,12 +102,10 @@ def test_capacity_plan_utility_prints_the_plan_and_the_table(calibrated, demo_co
 
 def test_capacity_plan_utility_takes_the_loop_cost_a_run_measured_on_this_hosts_card(calibrated, demo_corpus,
                                                                                     monkeypatch, capsys):
-    from myxtts.diagnostics.alignment_timing import _key
     from myxtts.hardware import detect
     from myxtts.hardware.capacity import gpu_facts_for
     from myxtts.hardware.devices import device_by_key
-    from myxtts.hardware.loop_cost import LoopCost, loop_cost_cache
-    from myxtts.models.alignment import AlignmentLoops
+    from myxtts.hardware.loop_cost import LoopCost, key_for, loop_cost_cache
 
     config, cache, _ = calibrated
     monkeypatch.setenv("MYXTTS_CACHE_DIR", str(cache.directory.parent))
@@ -118,7 +116,7 @@ def test_capacity_plan_utility_takes_the_loop_cost_a_run_measured_on_this_hosts_
     monkeypatch.setattr(detect, "detect_machine", lambda: detect.MachineFacts(gpus=(h100,), usable_cpu_cores=16))
     # What a training run's start measured on this host's H100 (16 frames per iteration, XLA).
     loop_cost_cache(cache.directory.parent / "loops").store(
-        _key(h100.name, AlignmentLoops(frames_per_iteration=16), True), LoopCost(12.5e-6, "measured on this H100 (test)"))
+        key_for(h100.name, 16, True), LoopCost(12.5e-6, "measured on this H100 (test)"))
     spec = importlib.util.spec_from_file_location("capacity_plan", ROOT / "utilities" / "capacity_plan.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

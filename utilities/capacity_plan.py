@@ -43,14 +43,12 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
 def loop_cost(arguments: argparse.Namespace, config, device, facts):
     """The alignment loops' cost per frame on `device`: --loop-iteration-us, else what a run on this
     host's card of that model measured at its start (cached), else the H100's figure."""
-    from myxtts.hardware.devices import device_for_gpu_name
-    from myxtts.hardware.loop_cost import FALLBACK, GPU_FRAMES_PER_ITERATION, LoopCost, cost_for_gpu
+    from myxtts.hardware.loop_cost import GPU_FRAMES_PER_ITERATION, LoopCost, cost_on_host
 
     if arguments.loop_iteration_us is not None:
         return LoopCost(arguments.loop_iteration_us * 1e-6, "set by --loop-iteration-us")
-    names = [gpu.name for gpu in facts.gpus if device_for_gpu_name(gpu.name) == device]
     frames = config.training.alignment_frames_per_iteration or GPU_FRAMES_PER_ITERATION
-    return cost_for_gpu(names[0], frames) if names else FALLBACK
+    return cost_on_host(device, [gpu.name for gpu in facts.gpus], frames)
 
 
 def main(argv: list[str] | None = None) -> int:

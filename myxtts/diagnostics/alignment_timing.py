@@ -33,7 +33,7 @@ from typing import Any, Callable
 import numpy as np
 import tensorflow as tf
 
-from myxtts.hardware.loop_cost import TIMING_SHAPE, LoopCost, LoopCostKey, key_for, loop_cost_cache
+from myxtts.hardware.loop_cost import TIMING_SHAPE, LoopCost, key_for, loop_cost_cache
 from myxtts.hardware.probe import ProbeCache
 from myxtts.models import alignment
 from myxtts.models.flops import alignment_loop_iterations
@@ -122,25 +122,15 @@ def time_loop_frames(loops: alignment.AlignmentLoops, *, jit_compile: bool, shap
     return float(np.median(durations)) / alignment_loop_iterations(frames), first_s
 
 
-def _key(device: str, loops: alignment.AlignmentLoops, jit_compile: bool) -> LoopCostKey:
-    return key_for(device, loops.frames_per_iteration, jit_compile)
-
-
-def cached_loop_cost(device: str, loops: alignment.AlignmentLoops, *, jit_compile: bool = True,
-                     cache: ProbeCache | None = None) -> LoopCost | None:
-    """What a run on this GPU model (NVML's name) measured for these loops, or None."""
-    return (cache or loop_cost_cache()).load(_key(device, loops, jit_compile))
-
-
 def startup_loop_cost(device: str, loops: alignment.AlignmentLoops, *, jit_compile: bool = True,
                       cache: ProbeCache | None = None, progress=lambda message: None) -> LoopCost:
     """The loops' cost per frame on this process's device (named `device`): read from the cache, or
     timed now (`time_loop_frames`, seconds) and cached for every later run on this GPU model."""
     cache = cache or loop_cost_cache()
-    cached = cached_loop_cost(device, loops, jit_compile=jit_compile, cache=cache)
+    key = key_for(device, loops.frames_per_iteration, jit_compile)
+    cached = cache.load(key)
     if cached is not None:
         return cached
-    key = _key(device, loops, jit_compile)
     batch, frames, tokens = TIMING_SHAPE
     progress(f"alignment loops: timing them on {device} (once per GPU model: "
              f"[{batch}, {frames}, {tokens}], {loops.frames_per_iteration} frames per iteration)")

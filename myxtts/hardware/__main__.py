@@ -13,7 +13,7 @@ import json
 import sys
 
 from myxtts.hardware.capacity import DEFAULT_MFU, plan_capacity
-from myxtts.hardware.loop_cost import FALLBACK as FALLBACK_LOOP_COST, cost_for_gpu
+from myxtts.hardware.loop_cost import cost_on_host
 from myxtts.hardware.capacity_record import CapacityCache
 from myxtts.hardware.cpu_precision import cached_timings
 from myxtts.hardware.detect import MachineFacts, detect_machine
@@ -63,8 +63,7 @@ def capacity_section(facts: MachineFacts, gpu_names: list[str], args: argparse.N
                 {"note": "no host calibration"})
     batch = 0 if args.batch_size == "auto" else int(args.batch_size)
     # The loops' cost a training run's start measured on this host's card of that model, else the H100's.
-    host_gpus = {device_for_gpu_name(gpu.name): gpu.name for gpu in facts.gpus}
-    costs = [cost_for_gpu(host_gpus[device]) if device in host_gpus else FALLBACK_LOOP_COST for device in devices]
+    costs = [cost_on_host(device, [gpu.name for gpu in facts.gpus]) for device in devices]
     plans = [plan_capacity(record, device, facts, args.model_size, batch_size=batch, precision=args.precision,
                            mfu=args.mfu, loop_iteration_s=cost.seconds_per_frame, loop_source=cost.source)
              for device, cost in zip(devices, costs)]

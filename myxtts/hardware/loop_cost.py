@@ -17,9 +17,10 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from importlib import metadata
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 from myxtts.hardware.capacity import LOOP_ITERATION_S, LOOP_SOURCE
+from myxtts.hardware.devices import DeviceSpec, device_for_gpu_name
 from myxtts.hardware.probe import ProbeCache, config_hash
 
 CACHE_FOLDER = "loops"
@@ -81,8 +82,11 @@ def key_for(device: str, frames_per_iteration: int, jit_compile: bool) -> LoopCo
     return LoopCostKey(device, frames_per_iteration, jit_compile, TIMING_SHAPE, tensorflow_version())
 
 
-def cost_for_gpu(gpu_name: str, frames_per_iteration: int = GPU_FRAMES_PER_ITERATION,
+def cost_on_host(device: DeviceSpec, gpu_names: Iterable[str], frames_per_iteration: int = GPU_FRAMES_PER_ITERATION,
                  cache: ProbeCache | None = None) -> LoopCost:
-    """What a training run's start measured on a card of this model (NVML's name; the XLA timing the
-    capacity plan uses), else the H100's figure."""
-    return (cache or loop_cost_cache()).load(key_for(gpu_name, frames_per_iteration, True)) or FALLBACK
+    """What a training run's start measured on this host's card of `device`'s model (`gpu_names`: the
+    host's GPUs as NVML names them; the XLA timing the capacity plan uses), else the H100's figure."""
+    names = [name for name in gpu_names if device_for_gpu_name(name) == device]
+    if not names:
+        return FALLBACK
+    return (cache or loop_cost_cache()).load(key_for(names[0], frames_per_iteration, True)) or FALLBACK

@@ -160,13 +160,13 @@ def apply_input_route(config: Config, facts: MachineFacts, echo=console_echo, ca
                                                   frames_per_iteration=config.training.alignment_frames_per_iteration)
                 return alignment_timing.startup_loop_cost(facts.gpus[0].name, loops, progress=progress)
         try:
-            loops = loop_cost(config, echo)
+            cost = loop_cost(config, echo)
         except (ValueError, RuntimeError, tf.errors.OpError) as error:  # the plan still has a figure to go on
             echo(f"alignment loops: timing them failed ({(str(error).splitlines() or [''])[0][:200]}); "
                  f"the capacity plan takes {FALLBACK_LOOP_COST.seconds_per_frame * 1e6:.1f} us per loop frame")
-            loops = FALLBACK_LOOP_COST
-        plan = capacity.capacity_plans(config, record, [device], facts, loop_iteration_s=loops.seconds_per_frame,
-                                       loop_source=loops.source, gpus=gpus)[0]
+            cost = FALLBACK_LOOP_COST
+        plan = capacity.capacity_plans(config, record, [device], facts, loop_iteration_s=cost.seconds_per_frame,
+                                       loop_source=cost.source, gpus=gpus)[0]
         route = plan.choice.route
         echo(f"input route{f' for {gpus} GPUs' if gpus > 1 else ''}: {plan.summary()}")
     cache_features, mel_on_device = ROUTE_KEYS[route]
