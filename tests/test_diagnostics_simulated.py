@@ -49,6 +49,7 @@ def test_the_step_is_the_batchs_flops_at_the_cards_rate_plus_its_loops(slow_pipe
     config, vocab_size, _, _ = slow_pipeline
     h100 = simulated_gpu(config, device_by_key("H100"), vocab_size, mfu=0.4)
     assert (h100.precision, h100.tf32) == ("mixed_bfloat16", True)  # the plan's rule for CC 9.0
+    assert h100.describe()["loop_source"].startswith("measured on an H100")  # the fallback, named
     shape = lambda *dims: SimpleNamespace(shape=dims)  # noqa: E731 - only the shapes are read
     batch = {"mel": shape(8, 520, 80), "tokens": shape(8, 152), "reference_mel": shape(8, 259, 80)}
     flops = clip_training_flops("tiny", frames=520, tokens=152, reference_frames=259, n_mels=80,
@@ -112,12 +113,16 @@ def test_cli_simulates_without_building_a_model(tmp_path, demo_corpus, capsys, m
     cli = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(cli)
     code = cli.main(["--config", str(config_path), "--train-data", str(demo_corpus), "--num-batches", "3",
-                     "--step-repeats", "2", "--simulate-gpu", "T4", "--json", str(tmp_path / "report.json")])
+                     "--step-repeats", "2", "--simulate-gpu", "T4", "--loop-iteration-us", "5",
+                     "--json", str(tmp_path / "report.json")])
     out, err = capsys.readouterr()
     assert code == 0, err
     report = json.loads((tmp_path / "report.json").read_text())
     assert report["gpu"]["simulated"]["precision"] == "mixed_float16"  # the plan's rule for CC 7.5
     assert report["gpu"]["simulated"]["spec_source"].startswith("from spec sheets: NVIDIA T4")
+    # The loop cost the user set is the one used, and named as theirs (not the H100's measurement).
+    assert report["gpu"]["simulated"]["loop_iteration_s"] == pytest.approx(5e-6)
+    assert report["gpu"]["simulated"]["loop_source"] == "set by --loop-iteration-us"
     assert report["measurements"]["alignment_loops"] is None  # no model here: the loops are not timed
     assert report["measurements"]["step_alone"]["xla"] is None
     assert report["measurements"]["precompile"]["shapes"] == 0 and report["verdict"]["kind"] in (

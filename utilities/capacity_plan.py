@@ -24,7 +24,8 @@ REPOSITORY_ROOT = Path(__file__).resolve().parent.parent
 if str(REPOSITORY_ROOT) not in sys.path:  # run as a script from a checkout
     sys.path.insert(0, str(REPOSITORY_ROOT))
 
-from myxtts.diagnostics.arguments import add_gpu_assumption_arguments, add_run_arguments, run_overrides  # noqa: E402 - after the path
+from myxtts.diagnostics.arguments import (add_gpu_assumption_arguments, add_run_arguments, loop_cost,  # noqa: E402
+                                          run_overrides)
 from myxtts.hardware.devices import DEVICES  # noqa: E402
 
 
@@ -34,21 +35,10 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--gpu", action="append", default=[], metavar="NAME",
                         help=f"GPU to plan for, repeatable, or 'all' (default: this machine's, else H100); known: "
                              f"{', '.join(d.key for d in DEVICES)}")
-    add_gpu_assumption_arguments(parser, measured_default=True)
+    add_gpu_assumption_arguments(parser)
     parser.add_argument("--recalibrate", action="store_true", help="time the host again instead of using the cache")
     parser.add_argument("--json", type=Path, help="also write the plans and the calibration as JSON to this file")
     return parser.parse_args(argv)
-
-
-def loop_cost(arguments: argparse.Namespace, config, device, facts):
-    """The alignment loops' cost per frame on `device`: --loop-iteration-us, else what a run on this
-    host's card of that model measured at its start (cached), else the H100's figure."""
-    from myxtts.hardware.loop_cost import GPU_FRAMES_PER_ITERATION, LoopCost, cost_on_host
-
-    if arguments.loop_iteration_us is not None:
-        return LoopCost(arguments.loop_iteration_us * 1e-6, "set by --loop-iteration-us")
-    frames = config.training.alignment_frames_per_iteration or GPU_FRAMES_PER_ITERATION
-    return cost_on_host(device, [gpu.name for gpu in facts.gpus], frames)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -71,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
                                   progress=lambda message: print(message, file=sys.stderr, flush=True))
         plans = [capacity_plans(config, record, [device], facts, arguments.mfu, cost.seconds_per_frame,
                                 cost.source)[0]
-                 for device in devices for cost in [loop_cost(arguments, config, device, facts)]]
+                 for device in devices for cost in [loop_cost(arguments, config, device, [gpu.name for gpu in facts.gpus])]]
     except (ConfigError, ManifestError, FileNotFoundError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

@@ -40,7 +40,8 @@ REPOSITORY_ROOT = Path(__file__).resolve().parent.parent
 if str(REPOSITORY_ROOT) not in sys.path:  # run as a script from a checkout
     sys.path.insert(0, str(REPOSITORY_ROOT))
 
-from myxtts.diagnostics.arguments import add_gpu_assumption_arguments, add_run_arguments, run_overrides  # noqa: E402 - after the path
+from myxtts.diagnostics.arguments import (add_gpu_assumption_arguments, add_run_arguments, loop_cost,  # noqa: E402
+                                          run_overrides)
 from myxtts.hardware.devices import DEVICES, device_by_key  # noqa: E402
 
 
@@ -192,8 +193,9 @@ def run(config, arguments: argparse.Namespace, overrides: list[str]) -> dict:
         from myxtts.diagnostics.simulated_gpu import simulated_gpu
 
         card_config = dataclasses.replace(config, training=dataclasses.replace(config.training, precision=requested_precision))
-        simulation = simulated_gpu(card_config, device_by_key(arguments.simulate_gpu), len(prepared.vocabulary),
-                                   arguments.mfu, arguments.loop_iteration_us * 1e-6)
+        device = device_by_key(arguments.simulate_gpu)
+        simulation = simulated_gpu(card_config, device, len(prepared.vocabulary), arguments.mfu,
+                                   loop_cost(arguments, config, device, [gpu.name for gpu in facts.gpus]))
         _progress(f"simulating {simulation.device.name}: each batch is held for its predicted step time "
                   f"({simulation.precision}, {arguments.mfu:.0%} MFU); no model is built")
         return diagnose(prepared.dataset, simulation.compiled_step(), precompile=False,

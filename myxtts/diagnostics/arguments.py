@@ -19,22 +19,31 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
                         help="override any config key, e.g. --set model.size=small (repeatable)")
 
 
-def add_gpu_assumption_arguments(parser: argparse.ArgumentParser, applies_to: str = "",
-                                 measured_default: bool = False) -> None:
+def add_gpu_assumption_arguments(parser: argparse.ArgumentParser, applies_to: str = "") -> None:
     """--mfu and --loop-iteration-us: the two assumptions of a GPU's predicted step time
     (hardware/capacity.py), for the capacity plan and the simulated GPU alike. `applies_to` prefixes
-    the help ("with --simulate-gpu: "). `measured_default`: --loop-iteration-us defaults to None, for
-    the caller to look up a measured cost (the capacity plan, for a card this host has)."""
+    the help ("with --simulate-gpu: "). --loop-iteration-us defaults to None: `loop_cost` looks up a
+    measured cost."""
     from myxtts.hardware.capacity import DEFAULT_MFU, LOOP_ITERATION_S
 
     parser.add_argument("--mfu", type=float, default=DEFAULT_MFU,
                         help=f"{applies_to}model FLOPs utilization assumed (default: %(default)s)")
-    parser.add_argument("--loop-iteration-us", type=float, default=None if measured_default else LOOP_ITERATION_S * 1e6,
+    parser.add_argument("--loop-iteration-us", type=float, default=None,
                         help=f"{applies_to}GPU time per frame of each of the alignment's loops, in microseconds "
-                             + ("(default: what a run on this host's card of that model measured at its start, "
-                                f"else {LOOP_ITERATION_S * 1e6}, measured on an H100 at 16 frames per loop iteration)"
-                                if measured_default else
-                                "(default: %(default)s, measured on an H100 at 16 frames per loop iteration)"))
+                             "(default: what a run on this host's card of that model measured at its start, "
+                             f"else {LOOP_ITERATION_S * 1e6}, measured on an H100 at 16 frames per loop iteration)")
+
+
+def loop_cost(arguments: argparse.Namespace, config, device, gpu_names):
+    """The alignment loops' cost per frame on `device` (a DeviceSpec), with its source: --loop-iteration-us,
+    else what a run on this host's card of that model measured at its start (cached), else the H100's
+    figure. `gpu_names`: the host's GPUs as NVML names them."""
+    from myxtts.hardware.loop_cost import GPU_FRAMES_PER_ITERATION, LoopCost, cost_on_host
+
+    if arguments.loop_iteration_us is not None:
+        return LoopCost(arguments.loop_iteration_us * 1e-6, "set by --loop-iteration-us")
+    frames = config.training.alignment_frames_per_iteration or GPU_FRAMES_PER_ITERATION
+    return cost_on_host(device, gpu_names, frames)
 
 
 def run_overrides(arguments: argparse.Namespace) -> list[str]:

@@ -19,10 +19,10 @@ from dataclasses import dataclass
 from myxtts.config import Config
 from myxtts.diagnostics.calibration import filterbank_bins
 from myxtts.diagnostics.timing import CompiledStep
-from myxtts.hardware.capacity import (LOOP_ITERATION_S, LOOP_SOURCE, MFU_SOURCE, STEP_OVERHEAD_S, gpu_facts_for,
-                                      roofline_utilization)
+from myxtts.hardware.capacity import LOOP_SOURCE, MFU_SOURCE, STEP_OVERHEAD_S, gpu_facts_for, roofline_utilization
 from myxtts.hardware.detect import MachineFacts
 from myxtts.hardware.devices import DeviceSpec
+from myxtts.hardware.loop_cost import FALLBACK, LoopCost
 from myxtts.hardware.plan import RequestedSettings, plan_for_machine
 from myxtts.models.flops import alignment_loop_iterations, clip_training_flops
 
@@ -37,6 +37,7 @@ class SimulatedGpu:
     config: Config  # model size, mel settings, decoder window, checkpointing
     vocab_size: int
     step_overhead_s: float = STEP_OVERHEAD_S  # the fixed cost per step (hardware/capacity.py)
+    loop_source: str = LOOP_SOURCE  # where loop_iteration_s comes from
 
     def step_seconds(self, batch: dict) -> float:
         """The predicted time of one training step on this batch (its padded shapes)."""
@@ -72,13 +73,15 @@ class SimulatedGpu:
             "device": self.device.key, "name": self.device.name, "precision": self.precision, "peak_path": path,
             "peak_flops": peak, "memory_bandwidth": self.device.memory_bandwidth,
             "spec_source": f"from spec sheets: {self.device.source}", "mfu": self.mfu, "mfu_source": MFU_SOURCE,
-            "loop_iteration_s": self.loop_iteration_s, "loop_source": LOOP_SOURCE,
+            "loop_iteration_s": self.loop_iteration_s, "loop_source": self.loop_source,
         }
 
 
 def simulated_gpu(config: Config, device: DeviceSpec, vocab_size: int, mfu: float,
-                  loop_iteration_s: float = LOOP_ITERATION_S) -> SimulatedGpu:
-    """The simulated card at the precision the hardware plan picks for it (or `training.precision`)."""
+                  loop: LoopCost = FALLBACK) -> SimulatedGpu:
+    """The simulated card at the precision the hardware plan picks for it (or `training.precision`),
+    its alignment loops costing `loop` per frame."""
     plan = plan_for_machine(MachineFacts(gpus=(gpu_facts_for(device),)), config.model.size,
                             RequestedSettings(precision=config.training.precision or "auto"))
-    return SimulatedGpu(device, plan.precision, plan.tf32, mfu, loop_iteration_s, config, vocab_size)
+    return SimulatedGpu(device, plan.precision, plan.tf32, mfu, loop.seconds_per_frame, config, vocab_size,
+                        loop_source=loop.source)
