@@ -103,6 +103,30 @@ def test_the_loop_bound_threshold_and_the_rules_before_it():
     assert not any(TRY_XLA in r for r in cpu.reasons)
 
 
+def _profile(loops, matmuls):
+    """`step_profile.profile_step`'s split of a traced step: shares of 10 ms of device time."""
+    shares = {"loops": loops, "matmuls": matmuls, "other": 1 - loops - matmuls}
+    return {"source": "gpu kernels", "steps": 3, "busy_ms": 10.0, "shares": shares,
+            **{f"{kind}_ms": 10.0 * share for kind, share in shares.items()}}
+
+
+def test_the_profilers_split_of_the_step_makes_it_loop_bound_too():
+    # The loops timed alone were cheap (compiled on their own), but inside the step the trace finds
+    # them most of the device's time: loop-bound, not launch overhead.
+    verdict = decide(_training(), _gpu(), step_alone=_alone(True), alignment_loops=_loops(0.2),
+                     step_profile=_profile(loops=0.7, matmuls=0.1))
+    assert verdict.kind == "loop-bound"
+    assert any("the alignment's loops took 70%, matrix products 10%" in r for r in verdict.reasons), verdict.reasons
+    # Without a timing of the loops alone, the trace alone decides.
+    assert decide(_training(), _gpu(90), step_profile=_profile(loops=0.5, matmuls=0.3)).kind == "loop-bound"
+    # A trace that finds them small leaves the verdict to the other rules, and says so.
+    below = decide(_training(), _gpu(90), alignment_loops=_loops(0.1), step_profile=_profile(loops=0.1, matmuls=0.8))
+    assert below.kind == "compute-bound"
+    assert any("loops took 10%" in r and "(loop-bound from 40%)" in r for r in below.reasons)
+    # A profiler that failed (a note, no shares) changes nothing.
+    assert decide(_training(), _gpu(), step_profile={"note": "the profiler failed"}).kind == "host-overhead-bound"
+
+
 # ------------------------------------------------------------------------------------------------
 # What a loop-bound verdict recommends, and XLA only where it ran
 

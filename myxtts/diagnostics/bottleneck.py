@@ -172,7 +172,7 @@ def diagnose(
 
     measurements = {"input_pipeline": pipeline, "precompile": compiled, "step_alone": step_alone,
                     "alignment_loops": loops, "step_profile": split, "training": training}
-    verdict = decide(training, gpu, pipeline, step_alone, loops)
+    verdict = decide(training, gpu, pipeline, step_alone, loops, split)
     overridden = {override.split("=", 1)[0].strip() for override in config_info.get("overrides", [])}
     report = {
         "schema_version": SCHEMA_VERSION,

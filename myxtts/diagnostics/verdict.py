@@ -6,8 +6,9 @@ The verdict is the first rule that holds, in this order:
    profiler's "highly input bound"; or it is >= 5% ("moderately") and the GPU's utilization
    oscillates (score >= 0.3), the sawtooth of a device that waits for every batch.
 2. **host-overhead-bound**: the host's own work between steps is >= 20% of the step.
-3. **loop-bound**: the alignment's frame loops, timed alone on the step-alone batch
-   (`alignment_timing.py`), take >= 40% of the step alone. Checked before the low-utilization rule
+3. **loop-bound**: the alignment's frame loops take >= 40% of the step, timed alone on the
+   step-alone batch (`alignment_timing.py`) or inside the step by TensorFlow's profiler (their
+   share of the device's busy time, `step_profile.py`). Checked before the low-utilization rule
    below: a GPU idles between the loops' tiny sequential iterations, which looks like launch
    overhead (an H100 run that was almost all loops was called host-overhead-bound, and XLA was
    recommended, which had crashed there).
@@ -80,16 +81,17 @@ class Verdict:
 
 
 def decide(training: dict, gpu: dict | None, pipeline: dict | None = None, step_alone: dict | None = None,
-           alignment_loops: dict | None = None) -> Verdict:
+           alignment_loops: dict | None = None, step_profile: dict | None = None) -> Verdict:
     """The verdict from the training split (`timing.summarize_training`) and the GPU summary.
 
     `pipeline` and `step_alone`, the two measurements on their own, add a line to the reasons: the
     verdict rests on what happened when both ran together. `alignment_loops`
-    (`alignment_timing.AlignmentLoopsTimer.measure`, with `share_of_step`) makes a loop-bound verdict.
+    (`alignment_timing.AlignmentLoopsTimer.measure`, with `share_of_step`) and `step_profile`
+    (`step_profile.profile_step`: the loops' share of the traced step) each make a loop-bound verdict.
     Where the verdict's remedy includes XLA and the timed step ran without it, the reasons say
     how to measure it (XLA is recommended only after it ran here).
     """
-    verdict = _decide(training, gpu, pipeline, step_alone, alignment_loops)
+    verdict = _decide(training, gpu, pipeline, step_alone, alignment_loops, step_profile)
     gpu_on = bool(gpu and (gpu.get("available") or gpu.get("simulated")))
     if _wants_xla(verdict.kind, gpu_on) and (step_alone or {}).get("xla") is False:
         verdict.reasons.append(f"XLA did not run in this diagnosis (the step was timed without it), so it is not "
@@ -119,7 +121,15 @@ def loop_reason(loops: dict) -> str:
             f"next to its fixed cost, and the device idles between them")
 
 
-def _decide(training, gpu, pipeline, step_alone, alignment_loops) -> Verdict:
+def profile_reason(split: dict) -> str:
+    """What the profiler's trace of the step says about the loops (`step_profile.profile_step`)."""
+    shares = split["shares"]
+    return (f"TensorFlow's profiler traced the step: of its {split['busy_ms']:.1f} ms of {split['source']} a step, the "
+            f"alignment's loops took {shares['loops']:.0%}, matrix products {shares['matmuls']:.0%}, "
+            f"the rest {shares['other']:.0%}")
+
+
+def _decide(training, gpu, pipeline, step_alone, alignment_loops, step_profile) -> Verdict:
     share = training["input_share"]
     host_share = training["host_other"]["share"]
     utilization = (gpu or {}).get("utilization")
@@ -133,9 +143,16 @@ def _decide(training, gpu, pipeline, step_alone, alignment_loops) -> Verdict:
         reasons.append(f"on their own, the input pipeline supplies {supply:.1f} batches/s and the step consumes "
                        f"{demand:.1f}/s: the pipeline has {supply / demand:.1f}x the step's need")
     loops = alignment_loops or {}
-    if loops.get("share_of_step") is not None and loops["share_of_step"] < LOOP_BOUND_SHARE:
+    timed_bound = loops.get("share_of_step") is not None and loops["share_of_step"] >= LOOP_BOUND_SHARE
+    if loops.get("share_of_step") is not None and not timed_bound:
         reasons.append(f"the alignment's frame loops took {loops['median_ms']:.1f} ms, {loops['share_of_step']:.0%} of "
                        f"the step alone (loop-bound from {LOOP_BOUND_SHARE:.0%})")
+    # The profiler sees the loops as the step runs them (inside its XLA program, say), where the timing
+    # alone compiles them on their own: either one at the threshold makes the step loop-bound.
+    profiled = step_profile if step_profile and "shares" in step_profile else None
+    profiled_bound = profiled is not None and profiled["shares"]["loops"] >= LOOP_BOUND_SHARE
+    if profiled is not None:
+        reasons.append(profile_reason(profiled) + ("" if profiled_bound else f" (loop-bound from {LOOP_BOUND_SHARE:.0%})"))
     if utilization:
         reasons.append(f"GPU utilization averaged {utilization['mean']:.0f}% (p10 {utilization['p10']:.0f}%, "
                        f"p90 {utilization['p90']:.0f}%), below 30% for {utilization['below_30_share']:.0%} of the time; "
@@ -153,11 +170,14 @@ def _decide(training, gpu, pipeline, step_alone, alignment_loops) -> Verdict:
         return Verdict("host-overhead-bound", reasons + [
             f"host work outside the compiled step is {host_share:.0%} of the step"])
     # Before the low-utilization rule: a GPU idling between the loops' iterations is not launch overhead.
-    if loops.get("share_of_step") is not None and loops["share_of_step"] >= LOOP_BOUND_SHARE:
+    if timed_bound or profiled_bound:
         cpu = [] if (gpu or {}).get("available") or (gpu or {}).get("simulated") else [
             "no GPU: on a CPU one frame per loop iteration is the fastest measured (16 compiled for 94 s under XLA "
             "there and ran 10x slower; 0, automatic, gives 1), so a GPU is the fix"]
-        return Verdict("loop-bound", reasons + [loop_reason(loops)] + cpu)
+        named = [loop_reason(loops)] if timed_bound else [
+            "the alignment's frame loops (forward-sum loss + its gradient, Viterbi; models/alignment.py) are most of "
+            "the step: their iterations run one after another, each too small to fill the device"]
+        return Verdict("loop-bound", reasons + named + cpu)
     if utilization and utilization["mean"] < LOW_GPU_UTILIZATION:
         return Verdict("host-overhead-bound", reasons + [
             f"batches were ready (input wait {share:.0%}) yet the GPU averaged {utilization['mean']:.0f}%: "
