@@ -9,7 +9,8 @@ from conftest import tiny_config
 from myxtts.data.manifest import read_manifest
 from myxtts.data.pipeline import build_dataset, build_vocabulary
 from myxtts.models import griffin_lim
-from myxtts.models.vocoder import Vocoder, VocoderTrainer, multi_resolution_stft_loss, random_segments
+from myxtts.models.vocoder import (SpectrogramDiscriminator, Vocoder, VocoderTrainer, adversarial_losses,
+                                   multi_resolution_stft_loss, random_segments)
 
 
 @pytest.fixture(scope="module")
@@ -75,8 +76,7 @@ def test_a_non_finite_update_is_skipped_and_training_goes_on(waveform_batch):
     keras.utils.set_random_seed(0)
     trainer = VocoderTrainer(Vocoder(c, size="tiny"), segment_frames=32)
     trainer.compile(optimizer=keras.optimizers.Adam(3e-3), jit_compile=False)
-    trainer(tf.zeros([1, 32, c.n_mels]))
-    trainer.optimizer.build(trainer.vocoder.trainable_variables)
+    trainer.build_for_training()
     before = [w.numpy().copy() for w in trainer.vocoder.trainable_variables]
     broken = dict(batch, audio=batch["audio"] * float("nan"))
     logs = trainer.train_step(broken)
@@ -87,6 +87,56 @@ def test_a_non_finite_update_is_skipped_and_training_goes_on(waveform_batch):
     after = [w.numpy() for w in trainer.vocoder.trainable_variables]
     assert all(np.isfinite(w).all() for w in after)
     assert any(not np.array_equal(a, b) for a, b in zip(before, after))
+
+
+def test_the_hinge_losses_and_feature_matching_of_a_spectrogram_discriminator():
+    rng = np.random.default_rng(1)
+    real = tf.constant(np.sin(np.arange(8192) * 0.05)[None].repeat(2, 0).astype(np.float32))
+    noise = tf.constant(rng.normal(0, 0.3, (2, 8192)).astype(np.float32))
+    critic = SpectrogramDiscriminator(channels=4)
+    outputs = critic(real)
+    assert [logits.shape[:2] for logits, _ in outputs] == [(2, 61), (2, 29), (2, 13)]  # frames at each FFT size
+    assert all(len(features) == 5 for _, features in outputs)
+    same = adversarial_losses(outputs, critic(real))
+    assert float(same["feature"]) == pytest.approx(0.0, abs=1e-6)  # identical audio: nothing to match
+    assert float(adversarial_losses(outputs, critic(noise))["feature"]) > 0.1
+    # The hinge: a critic certain and right costs it nothing, and costs the vocoder 2 a resolution.
+    right = [(tf.fill([1, 4], 2.0), []), (tf.fill([1, 4], 3.0), [])]
+    wrong = [(tf.fill([1, 4], -2.0), []), (tf.fill([1, 4], -1.5), [])]
+    certain = adversarial_losses(right, wrong)
+    assert float(certain["discriminator"]) == 0.0 and float(certain["adversarial"]) == pytest.approx(2.75)
+    fooled = adversarial_losses(right, right)
+    assert float(fooled["adversarial"]) == 0.0 and float(fooled["discriminator"]) == pytest.approx(3.5)
+
+
+def test_a_tiny_vocoder_trains_against_a_discriminator_and_its_backup_holds_both(waveform_batch, tmp_path):
+    c, batch = waveform_batch
+    keras.utils.set_random_seed(0)
+    trainer = VocoderTrainer(Vocoder(c, size="tiny"), segment_frames=32, adversarial_weight=0.1,
+                             discriminator_optimizer=keras.optimizers.Adam(1e-3))
+    trainer.compile(optimizer=keras.optimizers.Adam(3e-3), jit_compile=False)
+    trainer.build_for_training()
+    critic_before = [w.numpy().copy() for w in trainer.discriminator.trainable_variables]
+    fixed = random_segments(batch["audio"], batch["mel_length"], 32, c.hop_length, seed=5)
+    before = {k: float(v) for k, v in trainer.segment_losses(fixed).items()}
+    history = trainer.fit(tf.data.Dataset.from_tensors(batch).repeat(), steps_per_epoch=40, epochs=1, verbose=0)
+    after = {k: float(v) for k, v in trainer.segment_losses(fixed).items()}
+    assert {"adversarial_loss", "feature_loss", "discriminator_loss"} <= set(history.history)
+    # The reconstruction still learns with the adversary beside it, and the adversary learns too.
+    assert after["mel_loss"] < 0.85 * before["mel_loss"] and after["stft_loss"] < before["stft_loss"], (before, after)
+    assert after["discriminator_loss"] < before["discriminator_loss"], (before, after)
+    assert int(trainer.discriminator_optimizer.iterations) == 40
+    assert all(not np.array_equal(a, w.numpy()) for a, w in zip(critic_before, trainer.discriminator.trainable_variables))
+    # What BackupAndRestore writes (the trainer's weights) holds the discriminator and its optimizer.
+    trainer.save_weights(tmp_path / "backup.weights.h5")
+    copy = VocoderTrainer(Vocoder(c, size="tiny"), segment_frames=32, adversarial_weight=0.1,
+                          discriminator_optimizer=keras.optimizers.Adam(1e-3))
+    copy.compile(optimizer=keras.optimizers.Adam(3e-3), jit_compile=False)
+    copy.build_for_training()
+    copy.load_weights(tmp_path / "backup.weights.h5")
+    for mine, theirs in ((trainer.discriminator.weights, copy.discriminator.weights),
+                         (trainer.discriminator_optimizer.variables, copy.discriminator_optimizer.variables)):
+        assert len(mine) == len(theirs) and all(np.array_equal(a.numpy(), b.numpy()) for a, b in zip(mine, theirs))
 
 
 def test_the_compressed_spectrum_loss_sees_the_phase_the_magnitude_losses_miss():

@@ -57,6 +57,10 @@ def main(argv=None) -> int:
     parser.add_argument("--learning-rate", type=float, default=1e-3)
     parser.add_argument("--phase-weight", type=float, default=0.0,
                         help="weight of a loss on the compressed complex spectrum, which sees the phase (0: off)")
+    parser.add_argument("--adversarial-weight", type=float, default=0.0,
+                        help="weight of a spectrogram discriminator's losses (0: none; about 0.02 is HiFi-GAN's ratio to "
+                             "the mel loss); best from a trained vocoder (--init-from)")
+    parser.add_argument("--discriminator-learning-rate", type=float, default=2e-4)
     parser.add_argument("--aligned-mels", action="store_true",
                         help="with --run: train on the run's own teacher-forced mels (see below)")
     parser.add_argument("--init-from", default=None, metavar="FOLDER",
@@ -114,14 +118,18 @@ def main(argv=None) -> int:
         print(f"starting from {args.init_from} ({vocoder.size})")
     else:
         vocoder = Vocoder(config.data, size=args.size)
-    trainer = VocoderTrainer(vocoder, segment_frames=args.segment_frames, phase_weight=args.phase_weight)
+    critic_optimizer = keras.optimizers.AdamW(args.discriminator_learning_rate, beta_1=0.8, beta_2=0.99, weight_decay=0.01,
+                                              global_clipnorm=1.0)
+    trainer = VocoderTrainer(vocoder, segment_frames=args.segment_frames, phase_weight=args.phase_weight,
+                             adversarial_weight=args.adversarial_weight, discriminator_optimizer=critic_optimizer)
     schedule = WarmupHoldDecay(args.learning_rate, min(100, args.steps // 10), args.steps, decay_steps=args.steps // 2)
     trainer.compile(optimizer=FusedAdamW(schedule, beta_1=0.8, beta_2=0.99, weight_decay=0.01, global_clipnorm=1.0),
                     jit_compile=False)
-    trainer(tf.zeros([1, args.segment_frames, config.data.n_mels]))  # variables exist before a backup is restored
-    trainer.optimizer.build(vocoder.trainable_variables)
+    trainer.build_for_training()  # variables exist before a backup is restored
+    critic = (f"; a spectrogram discriminator ({trainer.discriminator.count_params():,} parameters) at weight "
+              f"{args.adversarial_weight}" if args.adversarial_weight else "")
     print(f"vocoder {vocoder.size}: {vocoder.count_params():,} parameters; "
-          f"{len(train_rows)} training clips, segments of {args.segment_frames} frames, batch {args.batch_size}")
+          f"{len(train_rows)} training clips, segments of {args.segment_frames} frames, batch {args.batch_size}{critic}")
 
     interval = min(50, args.steps)  # updates per Keras epoch: the progress line and the backup come this often
 
@@ -133,6 +141,9 @@ def main(argv=None) -> int:
             done = (epoch + 1) * interval
             rate = (time.monotonic() - self.started) / max(done - self.first, 1)
             phase = f" phase {logs['phase_loss']:.3f}" if "phase_loss" in logs else ""
+            if "adversarial_loss" in logs:
+                phase += (f" adversarial {logs['adversarial_loss']:.3f} feature {logs['feature_loss']:.3f}"
+                          f" discriminator {logs['discriminator_loss']:.3f}")
             skipped = int(logs.get("nonfinite_in_a_row", 0))
             print(f"step {done}/{args.steps}  loss {logs['loss']:.3f} (mel {logs['mel_loss']:.3f} stft {logs['stft_loss']:.3f}{phase})"
                   f"  {rate * 1000:.0f} ms/step  ETA {time.strftime('%H:%M:%S', time.gmtime(rate * (args.steps - done)))}"

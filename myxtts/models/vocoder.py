@@ -15,7 +15,9 @@ Training (`VocoderTrainer`): random segments of each clip of a waveform batch (t
 with `data.mel_on_device`), their log-mel computed in the step, and two losses against the segment:
 L1 between log-mels, and a multi-resolution STFT loss (spectral convergence + log magnitude at three
 FFT sizes); optionally (`phase_weight`) a third on the compressed complex spectrum, which sees the
-phase. No discriminator yet.
+phase; optionally (`adversarial_weight`) a light multi-resolution spectrogram discriminator
+(`SpectrogramDiscriminator`: a few narrow 2-D convs over the log-magnitude at three FFT sizes, hinge
+losses and feature matching), trained in the same step with its own optimizer.
 
 A trained vocoder is a folder (`save_vocoder` / `load_vocoder`: weights + the features it was trained
 for); `waveform_maker` turns one, or None for Griffin-Lim, into the log-mel -> samples function that
@@ -261,15 +263,86 @@ def teacher_forced_mels(network, batches, data_config) -> dict:
     }
 
 
+class SpectrogramDiscriminator(keras.Model):
+    """Real or vocoded? Waveforms [B, n] -> at each FFT size of `resolutions`, the log-magnitude
+    [B, frames, bins, 1] through narrow 2-D convs (time x frequency, frequency strided) to a map of
+    logits. Narrow on purpose: 16 channels keep a step on two CPU cores within about the
+    generator's own cost, where the GAN vocoders' discriminators (HiFi-GAN's, Vocos') are sized for GPUs.
+
+    `call` returns, per resolution, (logits [B, frames, bins'], [each hidden layer's output]): the
+    feature-matching loss compares the hidden layers on real and vocoded audio."""
+
+    def __init__(self, resolutions=STFT_RESOLUTIONS, channels: int = 16, **kwargs):
+        super().__init__(**kwargs)
+        self.resolutions, self.channels = tuple(resolutions), channels
+
+        def stack(n_fft):
+            convs = [keras.layers.Conv2D(channels, (3, 9), padding="same", name=f"r{n_fft}_in")]
+            convs += [keras.layers.Conv2D(channels, (3, 9), strides=(1, 2), padding="same", name=f"r{n_fft}_down{i}")
+                      for i in range(3)]
+            convs += [keras.layers.Conv2D(channels, (3, 3), padding="same", name=f"r{n_fft}_mix")]
+            return convs, keras.layers.Conv2D(1, (3, 3), padding="same", name=f"r{n_fft}_out")
+
+        self.stacks = [stack(n_fft) for n_fft, _ in self.resolutions]
+
+    def build(self, input_shape=None):
+        for (n_fft, _), (convs, out) in zip(self.resolutions, self.stacks):
+            shape = [None, None, n_fft // 2 + 1, 1]
+            for conv in convs:
+                conv.build(shape)
+                shape = conv.compute_output_shape(shape)
+            out.build(shape)
+        self.built = True
+
+    def call(self, waveforms):
+        outputs = []
+        for (n_fft, hop), (convs, out) in zip(self.resolutions, self.stacks):
+            x = tf.math.log(tf.abs(tf.signal.stft(waveforms, n_fft, hop, n_fft)) + 1e-5)[..., None]
+            features = []
+            for conv in convs:
+                x = tf.nn.leaky_relu(conv(x), 0.1)
+                features.append(x)
+            outputs.append((tf.squeeze(out(x), -1), features))
+        return outputs
+
+
+def adversarial_losses(real_outputs, fake_outputs) -> dict:
+    """Hinge losses and feature matching from a `SpectrogramDiscriminator`'s outputs on real and vocoded
+    audio, each a mean over resolutions: "discriminator" (real above +1, vocoded below -1),
+    "adversarial" (the vocoder's: vocoded above +1), "feature" (L1 between their hidden layers, each
+    scaled by the real layer's mean magnitude so that no layer dominates)."""
+    discriminator = adversarial = feature = 0.0
+    for (real, real_features), (fake, fake_features) in zip(real_outputs, fake_outputs):
+        discriminator += tf.reduce_mean(tf.nn.relu(1.0 - real)) + tf.reduce_mean(tf.nn.relu(1.0 + fake))
+        adversarial += tf.reduce_mean(tf.nn.relu(1.0 - fake))
+        for r, f in zip(real_features, fake_features):
+            r = tf.stop_gradient(r)
+            feature += tf.reduce_mean(tf.abs(r - f)) / (tf.reduce_mean(tf.abs(r)) + 1e-5) / len(real_features)
+    count = len(real_outputs)
+    return {"discriminator": discriminator / count, "adversarial": adversarial / count, "feature": feature / count}
+
+
 class VocoderTrainer(keras.Model):
     """Trains a `Vocoder` on waveform batches ({"audio": [B, n], "mel_length": [B]}): `fit` drives it.
     With a "mel" [B, T, n_mels] in the batch, that is the vocoder's input (the acoustic model's own
-    mels, `teacher_forced_mels`); the losses still compare with the recording."""
+    mels, `teacher_forced_mels`); the losses still compare with the recording.
 
-    def __init__(self, vocoder: Vocoder, segment_frames: int = 32, phase_weight: float = 0.0, **kwargs):
+    `adversarial_weight` > 0 adds a `SpectrogramDiscriminator`, trained in the same step by
+    `discriminator_optimizer` (one forward pass of it on the real and the vocoded segments serves both
+    updates), and adds to the vocoder's loss `adversarial_weight` x (its hinge loss + 2 x feature
+    matching): with the reconstruction at weight 1, HiFi-GAN's ratios (1 : 2 : 45 for adversarial :
+    feature matching : mel L1) are about 0.02 here."""
+
+    def __init__(self, vocoder: Vocoder, segment_frames: int = 32, phase_weight: float = 0.0,
+                 adversarial_weight: float = 0.0, discriminator_optimizer=None, **kwargs):
         super().__init__(**kwargs)
         self.vocoder, self.segment_frames, self.phase_weight = vocoder, segment_frames, phase_weight
-        names = ("loss", "mel_loss", "stft_loss") + (("phase_loss",) if phase_weight else ())
+        self.adversarial_weight = adversarial_weight
+        if adversarial_weight:
+            self.discriminator = SpectrogramDiscriminator(name="discriminator")
+            self.discriminator_optimizer = discriminator_optimizer or keras.optimizers.AdamW(2e-4, beta_1=0.8, beta_2=0.99)
+        names = (("loss", "mel_loss", "stft_loss") + (("phase_loss",) if phase_weight else ())
+                 + (("adversarial_loss", "feature_loss", "discriminator_loss") if adversarial_weight else ()))
         self.trackers = {name: keras.metrics.Mean(name=name) for name in names}
         # Updates skipped since the last finite one (int64: TensorFlow keeps int32 variables on the host).
         self.nonfinite_in_a_row = keras.Variable(0, dtype="int64", trainable=False, name="nonfinite_in_a_row")
@@ -280,6 +353,19 @@ class VocoderTrainer(keras.Model):
 
     def call(self, log_mel, training=False):
         return self.vocoder(log_mel, training=training)
+
+    def build(self, input_shape=None):
+        self.vocoder.build()
+        if self.adversarial_weight:
+            self.discriminator.build()
+        self.built = True
+
+    def build_for_training(self) -> None:
+        """Every variable (the vocoder's, the discriminator's, both optimizers') before a backup is restored."""
+        self.build()
+        self.optimizer.build(self.vocoder.trainable_variables)
+        if self.adversarial_weight:
+            self.discriminator_optimizer.build(self.discriminator.trainable_variables)
 
     def losses_of(self, batch, training=False) -> dict:
         start = segment_starts(batch["mel_length"], self.segment_frames)
@@ -301,27 +387,43 @@ class VocoderTrainer(keras.Model):
             # The frames' spectrum against the segment's own, frame for frame (the same framing).
             losses["phase_loss"] = compressed_spectrum_loss(stft(segment, c), real, imaginary)
             losses["loss"] += self.phase_weight * losses["phase_loss"]
+        if self.adversarial_weight:
+            # The segment is a multiple of the hop long, the vocoded one may be a few samples shorter.
+            n = tf.minimum(tf.shape(segment)[1], tf.shape(predicted)[1])
+            adversarial = adversarial_losses(self.discriminator(segment[:, :n]), self.discriminator(predicted[:, :n]))
+            losses.update({f"{name}_loss": value for name, value in adversarial.items()})
+            losses["loss"] += self.adversarial_weight * (adversarial["adversarial"] + 2.0 * adversarial["feature"])
         return losses
 
     def train_step(self, batch):
-        with tf.GradientTape() as tape:
+        with tf.GradientTape(persistent=bool(self.adversarial_weight)) as tape:
             losses = self.losses_of(batch, training=True)
         variables = self.vocoder.trainable_variables
         gradients = tape.gradient(losses["loss"], variables)
+        norms = [tf.linalg.global_norm(gradients)]
+        if self.adversarial_weight:
+            # The discriminator's loss differentiated for its own weights only: the vocoded audio in it
+            # is a constant to it, as if stopped.
+            critic_variables = self.discriminator.trainable_variables
+            critic_gradients = tape.gradient(losses["discriminator_loss"], critic_variables)
+            norms.append(tf.linalg.global_norm(critic_gradients))
+            del tape
         # A non-finite update is skipped, as the acoustic model's step does (training/step.py): one
         # NaN applied makes every weight NaN, and the run would go on training, backing up and
         # saving a vocoder that speaks nothing (seen once at step ~1,550 of 10,800 on 343 voices).
-        finite = tf.logical_and(tf.math.is_finite(losses["loss"]),
-                                tf.math.is_finite(tf.linalg.global_norm(gradients)))
+        finite = tf.reduce_all(tf.math.is_finite(tf.stack([losses["loss"], *norms])))
         tf.cond(finite, lambda: self._apply(gradients, variables), lambda: tf.constant(False))
+        if self.adversarial_weight:
+            tf.cond(finite, lambda: self._apply(critic_gradients, critic_variables, self.discriminator_optimizer),
+                    lambda: tf.constant(False))
         self.nonfinite_in_a_row.assign(tf.where(finite, tf.constant(0, tf.int64), self.nonfinite_in_a_row + 1))
         for name, tracker in self.trackers.items():
             tracker.update_state(tf.where(finite, losses[name], 0.0), sample_weight=tf.cast(finite, tf.float32))
         logs = {name: tracker.result() for name, tracker in self.trackers.items()}
         return {**logs, "nonfinite_in_a_row": tf.identity(self.nonfinite_in_a_row.value)}
 
-    def _apply(self, gradients, variables):
-        self.optimizer.apply(gradients, variables)
+    def _apply(self, gradients, variables, optimizer=None):
+        (optimizer or self.optimizer).apply(gradients, variables)
         return tf.constant(True)
 
     def test_step(self, batch):
