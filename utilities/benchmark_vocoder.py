@@ -2,12 +2,15 @@
 
     python utilities/benchmark_vocoder.py --vocoder runs/demo/vocoder        # real-time factor vs Griffin-Lim
     python utilities/benchmark_vocoder.py --train                            # a train step: sizes x XLA
+    python utilities/benchmark_vocoder.py --train --discriminator --sizes small   # without / with the discriminator
 
 Real-time factor: a random log-mel of --frames frames through the vocoder folder's network and
 through Griffin-Lim, each traced once and warmed up, then called in turn; seconds taken per second
 of audio (below 1: faster than real time). --train: one optimizer update of `VocoderTrainer` on a
 batch of random waveforms (--batch-size segments of --segment-frames frames), for each size with
-and without XLA (`jit_compile`), each compiled and warmed up first, then timed in turn.
+and without XLA (`jit_compile`), each compiled and warmed up first, then timed in turn; with
+--discriminator, for each size in graph mode without and with the spectrogram discriminator
+(`adversarial_weight`, its own update included) instead.
 """
 
 from __future__ import annotations
@@ -28,6 +31,8 @@ def main(argv=None) -> int:
     parser.add_argument("--vocoder", help="a vocoder folder (utilities/train_vocoder.py --output-dir)")
     parser.add_argument("--train", action="store_true", help="time train steps instead")
     parser.add_argument("--sizes", default="small,base", help="--train: sizes to time, comma-separated")
+    parser.add_argument("--discriminator", action="store_true",
+                        help="--train: time each size without and with the discriminator (graph mode) instead of x XLA")
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--segment-frames", type=int, default=32)
     parser.add_argument("--config", default=str(ROOT / "configs" / "demo.yaml"))
@@ -84,15 +89,19 @@ def train_steps(d, args) -> dict:
     batch = {"audio": tf.constant(rng.normal(0, 0.1, (args.batch_size, samples)).astype(np.float32)),
              "mel_length": tf.fill([args.batch_size], samples // d.hop_length)}
     contenders = {}
+    variants = ((False, 0.0), (False, 0.02)) if args.discriminator else ((False, 0.0), (True, 0.0))
     for size in args.sizes.split(","):
-        for jit in (False, True):
-            trainer = VocoderTrainer(Vocoder(d, size=size), segment_frames=args.segment_frames)
+        for jit, adversarial in variants:
+            trainer = VocoderTrainer(Vocoder(d, size=size), segment_frames=args.segment_frames,
+                                     adversarial_weight=adversarial)
             trainer.compile(optimizer=keras.optimizers.AdamW(1e-4), jit_compile=jit)
+            trainer.build_for_training()  # the step calls the vocoder's parts, not the vocoder: it is built here
             trainer.make_train_function()
             step = trainer.train_function
             iterator = iter(tf.data.Dataset.from_tensors(batch).repeat())
             step(iterator)  # compile
-            name = f"{size} ({trainer.vocoder.count_params() / 1e6:.1f} M), {'XLA' if jit else 'graph'}"
+            name = (f"{size} ({trainer.vocoder.count_params() / 1e6:.1f} M), {'XLA' if jit else 'graph'}"
+                    + (", discriminator" if adversarial else ""))
             contenders[name] = lambda step=step, iterator=iterator: float(step(iterator)["loss"])
     return contenders
 

@@ -16,7 +16,7 @@ with `data.mel_on_device`), their log-mel computed in the step, and two losses a
 L1 between log-mels, and a multi-resolution STFT loss (spectral convergence + log magnitude at three
 FFT sizes); optionally (`phase_weight`) a third on the compressed complex spectrum, which sees the
 phase; optionally (`adversarial_weight`) a light multi-resolution spectrogram discriminator
-(`SpectrogramDiscriminator`: a few narrow 2-D convs over the log-magnitude at three FFT sizes, hinge
+(`SpectrogramDiscriminator`: five narrow 2-D convs over the log-magnitude at three FFT sizes, hinge
 losses and feature matching), trained in the same step with its own optimizer.
 
 A trained vocoder is a folder (`save_vocoder` / `load_vocoder`: weights + the features it was trained
@@ -265,21 +265,22 @@ def teacher_forced_mels(network, batches, data_config) -> dict:
 
 class SpectrogramDiscriminator(keras.Model):
     """Real or vocoded? Waveforms [B, n] -> at each FFT size of `resolutions`, the log-magnitude
-    [B, frames, bins, 1] through narrow 2-D convs (time x frequency, frequency strided) to a map of
-    logits. Narrow on purpose: 16 channels keep a step on two CPU cores within about the
-    generator's own cost, where the GAN vocoders' discriminators (HiFi-GAN's, Vocos') are sized for GPUs.
+    [B, frames, bins, 1] through four narrow 2-D convs (3 frames x 5 bins, every one halving the
+    bins) and a 3 x 3 one to a map of logits. Narrow on purpose: the GAN vocoders' discriminators
+    (HiFi-GAN's, Vocos') are sized for GPUs. On two CPU cores this one at 8 channels doubles the
+    small vocoder's update (175 -> ~370 ms; at 16 channels 485 ms; `benchmark_vocoder.py --train
+    --discriminator`).
 
     `call` returns, per resolution, (logits [B, frames, bins'], [each hidden layer's output]): the
     feature-matching loss compares the hidden layers on real and vocoded audio."""
 
-    def __init__(self, resolutions=STFT_RESOLUTIONS, channels: int = 16, **kwargs):
+    def __init__(self, resolutions=STFT_RESOLUTIONS, channels: int = 8, **kwargs):
         super().__init__(**kwargs)
         self.resolutions, self.channels = tuple(resolutions), channels
 
         def stack(n_fft):
-            convs = [keras.layers.Conv2D(channels, (3, 9), padding="same", name=f"r{n_fft}_in")]
-            convs += [keras.layers.Conv2D(channels, (3, 9), strides=(1, 2), padding="same", name=f"r{n_fft}_down{i}")
-                      for i in range(3)]
+            convs = [keras.layers.Conv2D(channels, (3, 5), strides=(1, 2), padding="same", name=f"r{n_fft}_down{i}")
+                     for i in range(4)]
             convs += [keras.layers.Conv2D(channels, (3, 3), padding="same", name=f"r{n_fft}_mix")]
             return convs, keras.layers.Conv2D(1, (3, 3), padding="same", name=f"r{n_fft}_out")
 
