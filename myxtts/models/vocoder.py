@@ -267,9 +267,9 @@ class SpectrogramDiscriminator(keras.Model):
     """Real or vocoded? Waveforms [B, n] -> at each FFT size of `resolutions`, the log-magnitude
     [B, frames, bins, 1] through four narrow 2-D convs (3 frames x 5 bins, every one halving the
     bins) and a 3 x 3 one to a map of logits. Narrow on purpose: the GAN vocoders' discriminators
-    (HiFi-GAN's, Vocos') are sized for GPUs. On two CPU cores this one at 8 channels doubles the
-    small vocoder's update (175 -> ~370 ms; at 16 channels 485 ms; `benchmark_vocoder.py --train
-    --discriminator`).
+    (HiFi-GAN's, Vocos') are sized for GPUs. On two CPU cores this one at 8 channels makes the
+    small vocoder's update 1.7x as long (210 -> 360 ms; at 16 channels 2.8x; `benchmark_vocoder.py
+    --train --discriminator`).
 
     `call` returns, per resolution, (logits [B, frames, bins'], [each hidden layer's output]): the
     feature-matching loss compares the hidden layers on real and vocoded audio."""
@@ -389,9 +389,7 @@ class VocoderTrainer(keras.Model):
             losses["phase_loss"] = compressed_spectrum_loss(stft(segment, c), real, imaginary)
             losses["loss"] += self.phase_weight * losses["phase_loss"]
         if self.adversarial_weight:
-            # The segment is a multiple of the hop long, the vocoded one may be a few samples shorter.
-            n = tf.minimum(tf.shape(segment)[1], tf.shape(predicted)[1])
-            adversarial = adversarial_losses(self.discriminator(segment[:, :n]), self.discriminator(predicted[:, :n]))
+            adversarial = adversarial_losses(self.discriminator(segment), self.discriminator(predicted))
             losses.update({f"{name}_loss": value for name, value in adversarial.items()})
             losses["loss"] += self.adversarial_weight * (adversarial["adversarial"] + 2.0 * adversarial["feature"])
         return losses
