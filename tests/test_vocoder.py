@@ -129,7 +129,9 @@ def test_a_tiny_vocoder_trains_against_a_discriminator_and_its_backup_holds_both
     assert all(not np.array_equal(a, w.numpy()) for a, w in zip(critic_before, trainer.discriminator.trainable_variables))
     # What BackupAndRestore writes (the trainer's weights) holds the discriminator and its optimizer.
     trainer.save_weights(tmp_path / "backup.weights.h5")
-    copy = VocoderTrainer(Vocoder(c, size="tiny"), segment_frames=32, adversarial_weight=0.1,
+    built = Vocoder(c, size="tiny")
+    built.build()  # as load_vocoder gives it (train_vocoder.py --init-from)
+    copy = VocoderTrainer(built, segment_frames=32, adversarial_weight=0.1,
                           discriminator_optimizer=keras.optimizers.Adam(1e-3))
     copy.compile(optimizer=keras.optimizers.Adam(3e-3), jit_compile=False)
     copy.build_for_training()
@@ -137,6 +139,25 @@ def test_a_tiny_vocoder_trains_against_a_discriminator_and_its_backup_holds_both
     for mine, theirs in ((trainer.discriminator.weights, copy.discriminator.weights),
                          (trainer.discriminator_optimizer.variables, copy.discriminator_optimizer.variables)):
         assert len(mine) == len(theirs) and all(np.array_equal(a.numpy(), b.numpy()) for a, b in zip(mine, theirs))
+
+
+def test_tensorboard_gets_a_clips_copy_through_the_vocoder_as_it_trains(waveform_batch, demo_corpus, tmp_path):
+    from myxtts.training.callbacks import VocoderSamples
+
+    c, batch = waveform_batch
+    trainer = VocoderTrainer(Vocoder(c, size="tiny"), segment_frames=32)
+    trainer.compile(optimizer=keras.optimizers.Adam(1e-3), jit_compile=False)
+    trainer.build_for_training()
+    clip = read_manifest(demo_corpus)[0].audio_path
+    samples = VocoderSamples(trainer.vocoder, clip, c, str(tmp_path / "samples"), interval=4)
+    trainer.fit(tf.data.Dataset.from_tensors(batch).repeat(), steps_per_epoch=2, epochs=5, verbose=0, callbacks=[samples])
+    logged = {}
+    for events in (tmp_path / "samples").glob("events.out.tfevents.*"):
+        for event in tf.compat.v1.train.summary_iterator(str(events)):
+            for value in event.summary.value:
+                logged.setdefault(value.tag, []).append(event.step)
+    # The clip and its Griffin-Lim copy once; the vocoder's copy at 4 and 8 updates, and at the end (10).
+    assert logged == {"copy/recording": [0], "copy/griffin_lim": [0], "copy/vocoder": [4, 8, 10]}, logged
 
 
 def test_the_compressed_spectrum_loss_sees_the_phase_the_magnitude_losses_miss():

@@ -11,7 +11,8 @@ that finished removes its backup, and the same command then starts over). The vo
 (OUTPUT/vocoder.weights.h5 and OUTPUT/vocoder.json, the features it was trained for) is written at
 the end. Then copy-synthesis of the validation clips through the vocoder and through Griffin-Lim is
 measured (STOI, PESQ-WB when `pesq` is installed, DNSMOS; see utilities/measure_quality.py) and
-written to OUTPUT/quality.json.
+written to OUTPUT/quality.json. TensorBoard (OUTPUT/logs) has the losses, and under logs/samples a
+validation clip, its Griffin-Lim copy and, ten times over the run, its copy through the vocoder.
 
 With --run RUN, the vocoder is trained on the run's corpus with the run's features and written to
 RUN/vocoder, which makes it the run's own: synthesize.py, export_model.py, free_running_check.py
@@ -85,6 +86,7 @@ def main(argv=None) -> int:
     from myxtts.evaluation import quality
     from myxtts.models.vocoder import Vocoder, VocoderTrainer, load_vocoder, save_vocoder, teacher_forced_mels
     from myxtts.synthesis import GRIFFIN_LIM, RUN_VOCODER, Synthesizer
+    from myxtts.training.callbacks import VocoderSamples
     from myxtts.training.optimizers import FusedAdamW, WarmupHoldDecay
 
     out = Path(args.output_dir or Path(args.run) / RUN_VOCODER)
@@ -153,10 +155,14 @@ def main(argv=None) -> int:
                       f"weights of the last finite one (try a lower --learning-rate)", flush=True)
                 self.model.stop_training = True
 
+    callbacks = [keras.callbacks.BackupAndRestore(str(out / "backup")), Progress(),
+                 keras.callbacks.TensorBoard(str(out / "logs"))]
+    if val_rows:  # one validation clip's copy-synthesis, to listen to in TensorBoard as it trains
+        callbacks.append(VocoderSamples(vocoder, val_rows[0].audio_path, config.data, str(out / "logs" / "samples"),
+                                        interval=max(interval, args.steps // 10)))
     started = time.monotonic()
     trainer.fit(stream, steps_per_epoch=interval, epochs=math.ceil(args.steps / interval), verbose=0,
-                callbacks=[keras.callbacks.BackupAndRestore(str(out / "backup")), Progress(),
-                           keras.callbacks.TensorBoard(str(out / "logs"))])
+                callbacks=callbacks)
     save_vocoder(vocoder, out)
     print(f"vocoder: {out}; trained in {time.monotonic() - started:.0f} s")
 

@@ -356,9 +356,9 @@ class VocoderTrainer(keras.Model):
         return self.vocoder(log_mel, training=training)
 
     def build(self, input_shape=None):
-        self.vocoder.build()
-        if self.adversarial_weight:
-            self.discriminator.build()
+        for part in (self.vocoder, self.discriminator) if self.adversarial_weight else (self.vocoder,):
+            if not part.built:  # a vocoder loaded from a folder (--init-from) comes built
+                part.build()
         self.built = True
 
     def build_for_training(self) -> None:

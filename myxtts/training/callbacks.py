@@ -364,3 +364,45 @@ def _mel_image(mel, c) -> tf.Tensor:
 
 def _audio(samples) -> tf.Tensor:
     return tf.clip_by_value(samples, -1.0, 1.0)[None, :, None]  # [1, samples, channels]
+
+
+class VocoderSamples(keras.callbacks.Callback):
+    """TensorBoard audio of a vocoder in training (utilities/train_vocoder.py): one clip's copy-synthesis
+    (the clip -> its log-mel -> the vocoder) every `interval` updates and at the end, under `log_dir`;
+    the clip itself and its Griffin-Lim copy once, at step 0, to listen against. Keras' TensorBoard
+    callback knows nothing of audio, and the acoustic model's `SpeechCheck` speaks sentences from
+    text, which a vocoder does not."""
+
+    def __init__(self, vocoder, clip_path: str, data_config, log_dir: str, interval: int):
+        super().__init__()
+        from myxtts.data import audio
+        from myxtts.evaluation.speech import trimmed_clip
+
+        self.vocoder, self.data_config, self.interval = vocoder, data_config, interval
+        self.recording, _ = trimmed_clip(clip_path, data_config)
+        self.log_mel = audio.log_mel(self.recording, data_config)
+        self.writer = tf.summary.create_file_writer(log_dir)
+        self._logged_recording, self._last = False, -1
+
+    def _log(self, step: int) -> None:
+        from myxtts.models.vocoder import waveform_maker
+
+        rate = self.data_config.sample_rate
+        with self.writer.as_default(step=step):
+            if not self._logged_recording:
+                tf.summary.audio("copy/recording", _audio(self.recording), rate, step=0)
+                tf.summary.audio("copy/griffin_lim", _audio(waveform_maker(self.data_config)(self.log_mel)), rate, step=0)
+                self._logged_recording = True
+            tf.summary.audio("copy/vocoder", _audio(self.vocoder(self.log_mel[None])[0]), rate)
+        self.writer.flush()
+        self._last = step
+
+    def on_epoch_end(self, epoch, logs=None):
+        step = optimizer_step(self.model)
+        if step // self.interval > max(self._last, 0) // self.interval:
+            self._log(step)
+
+    def on_train_end(self, logs=None):
+        step = optimizer_step(self.model)
+        if step != self._last:
+            self._log(step)
