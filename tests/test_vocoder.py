@@ -141,6 +141,20 @@ def test_a_tiny_vocoder_trains_against_a_discriminator_and_its_backup_holds_both
         assert len(mine) == len(theirs) and all(np.array_equal(a.numpy(), b.numpy()) for a, b in zip(mine, theirs))
 
 
+def test_the_update_with_its_discriminator_compiles_with_xla(waveform_batch):
+    # train_vocoder.py compiles it with XLA on a GPU: every op of the step (the STFTs, the inverse
+    # STFT, the skip of a non-finite update, both optimizers) must compile, which a CPU shows too.
+    c, batch = waveform_batch
+    keras.utils.set_random_seed(0)
+    trainer = VocoderTrainer(Vocoder(c, size="tiny"), segment_frames=32, adversarial_weight=0.02,
+                             discriminator_optimizer=keras.optimizers.AdamW(2e-4))
+    trainer.compile(optimizer=keras.optimizers.AdamW(1e-3), jit_compile=True)
+    trainer.build_for_training()
+    history = trainer.fit(tf.data.Dataset.from_tensors(batch).repeat(), steps_per_epoch=3, epochs=1, verbose=0)
+    assert trainer.jit_compile and int(trainer.discriminator_optimizer.iterations) == 3
+    assert np.isfinite(history.history["loss"][-1]) and history.history["nonfinite_in_a_row"][-1] == 0
+
+
 def test_tensorboard_gets_a_clips_copy_through_the_vocoder_as_it_trains(waveform_batch, demo_corpus, tmp_path):
     from myxtts.training.callbacks import VocoderSamples
 

@@ -62,6 +62,9 @@ def main(argv=None) -> int:
                         help="weight of a spectrogram discriminator's losses (0: none; about 0.02 is HiFi-GAN's ratio to "
                              "the mel loss); best from a trained vocoder (--init-from)")
     parser.add_argument("--discriminator-learning-rate", type=float, default=2e-4)
+    parser.add_argument("--xla", choices=("auto", "on", "off"), default="auto",
+                        help="compile each update with XLA; auto: on a GPU only (on 2 CPU cores it measured slower "
+                             "for the small and base sizes: BENCHMARKS.md)")
     parser.add_argument("--aligned-mels", action="store_true",
                         help="with --run: train on the run's own teacher-forced mels (see below)")
     parser.add_argument("--init-from", default=None, metavar="FOLDER",
@@ -125,13 +128,15 @@ def main(argv=None) -> int:
     trainer = VocoderTrainer(vocoder, segment_frames=args.segment_frames, phase_weight=args.phase_weight,
                              adversarial_weight=args.adversarial_weight, discriminator_optimizer=critic_optimizer)
     schedule = WarmupHoldDecay(args.learning_rate, min(100, args.steps // 10), args.steps, decay_steps=args.steps // 2)
+    jit_compile = args.xla == "on" or (args.xla == "auto" and bool(tf.config.list_physical_devices("GPU")))
     trainer.compile(optimizer=FusedAdamW(schedule, beta_1=0.8, beta_2=0.99, weight_decay=0.01, global_clipnorm=1.0),
-                    jit_compile=False)
+                    jit_compile=jit_compile)
     trainer.build_for_training()  # variables exist before a backup is restored
     critic = (f"; a spectrogram discriminator ({trainer.discriminator.count_params():,} parameters) at weight "
               f"{args.adversarial_weight}" if args.adversarial_weight else "")
     print(f"vocoder {vocoder.size}: {vocoder.count_params():,} parameters; "
-          f"{len(train_rows)} training clips, segments of {args.segment_frames} frames, batch {args.batch_size}{critic}")
+          f"{len(train_rows)} training clips, segments of {args.segment_frames} frames, batch {args.batch_size}{critic}; "
+          f"{'XLA' if jit_compile else 'graph mode'}")
 
     interval = min(50, args.steps)  # updates per Keras epoch: the progress line and the backup come this often
 
