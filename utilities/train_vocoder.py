@@ -143,6 +143,8 @@ def main(argv=None) -> int:
     class Progress(keras.callbacks.Callback):
         def on_train_begin(self, logs=None):  # after BackupAndRestore (listed first) restored the run
             self.first, self.started = int(self.model.optimizer.iterations), time.monotonic()
+            if self.first:
+                print(f"resumed from {out / 'backup'} at update {self.first} of {args.steps}", flush=True)
 
         def on_epoch_end(self, epoch, logs=None):
             done = (epoch + 1) * interval
