@@ -109,13 +109,19 @@ def test_the_hinge_losses_and_feature_matching_of_a_spectrogram_discriminator():
     assert float(fooled["adversarial"]) == 0.0 and float(fooled["discriminator"]) == pytest.approx(3.5)
 
 
+def _adversarial_trainer(c, vocoder=None, jit_compile=False) -> VocoderTrainer:
+    """A tiny vocoder and its discriminator, compiled, every variable built."""
+    trainer = VocoderTrainer(vocoder or Vocoder(c, size="tiny"), segment_frames=32, adversarial_weight=0.1,
+                             discriminator_optimizer=keras.optimizers.Adam(1e-3))
+    trainer.compile(optimizer=keras.optimizers.Adam(3e-3), jit_compile=jit_compile)
+    trainer.build_for_training()
+    return trainer
+
+
 def test_a_tiny_vocoder_trains_against_a_discriminator_and_its_backup_holds_both(waveform_batch, tmp_path):
     c, batch = waveform_batch
     keras.utils.set_random_seed(0)
-    trainer = VocoderTrainer(Vocoder(c, size="tiny"), segment_frames=32, adversarial_weight=0.1,
-                             discriminator_optimizer=keras.optimizers.Adam(1e-3))
-    trainer.compile(optimizer=keras.optimizers.Adam(3e-3), jit_compile=False)
-    trainer.build_for_training()
+    trainer = _adversarial_trainer(c)
     critic_before = [w.numpy().copy() for w in trainer.discriminator.trainable_variables]
     fixed = random_segments(batch["audio"], batch["mel_length"], 32, c.hop_length, seed=5)
     before = {k: float(v) for k, v in trainer.segment_losses(fixed).items()}
@@ -131,10 +137,7 @@ def test_a_tiny_vocoder_trains_against_a_discriminator_and_its_backup_holds_both
     trainer.save_weights(tmp_path / "backup.weights.h5")
     built = Vocoder(c, size="tiny")
     built.build()  # as load_vocoder gives it (train_vocoder.py --init-from)
-    copy = VocoderTrainer(built, segment_frames=32, adversarial_weight=0.1,
-                          discriminator_optimizer=keras.optimizers.Adam(1e-3))
-    copy.compile(optimizer=keras.optimizers.Adam(3e-3), jit_compile=False)
-    copy.build_for_training()
+    copy = _adversarial_trainer(c, vocoder=built)
     copy.load_weights(tmp_path / "backup.weights.h5")
     for mine, theirs in ((trainer.discriminator.weights, copy.discriminator.weights),
                          (trainer.discriminator_optimizer.variables, copy.discriminator_optimizer.variables)):
@@ -146,10 +149,7 @@ def test_the_update_with_its_discriminator_compiles_with_xla(waveform_batch):
     # STFT, the skip of a non-finite update, both optimizers) must compile, which a CPU shows too.
     c, batch = waveform_batch
     keras.utils.set_random_seed(0)
-    trainer = VocoderTrainer(Vocoder(c, size="tiny"), segment_frames=32, adversarial_weight=0.02,
-                             discriminator_optimizer=keras.optimizers.AdamW(2e-4))
-    trainer.compile(optimizer=keras.optimizers.AdamW(1e-3), jit_compile=True)
-    trainer.build_for_training()
+    trainer = _adversarial_trainer(c, jit_compile=True)
     history = trainer.fit(tf.data.Dataset.from_tensors(batch).repeat(), steps_per_epoch=3, epochs=1, verbose=0)
     assert trainer.jit_compile and int(trainer.discriminator_optimizer.iterations) == 3
     assert np.isfinite(history.history["loss"][-1]) and history.history["nonfinite_in_a_row"][-1] == 0
