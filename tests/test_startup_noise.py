@@ -40,16 +40,23 @@ def test_a_start_keeps_other_lines_in_order_and_drops_the_noise(tmp_path):
 def test_a_cpu_training_start_prints_none_of_it(tmp_path):
     """The import and device start of TensorFlow, as train_main and resolve_plan do them, on this GPU-less machine."""
     code = (
-        "from myxtts.startup_noise import quiet_start\n"
+        "import sys\n"
+        "from myxtts.startup_noise import quiet_start, say_string_notice\n"
         "with quiet_start(gpu_expected=True):\n"
         "    import tensorflow as tf\n"
         "with quiet_start(gpu_expected=False):\n"
         "    tf.config.list_logical_devices()\n"
+        "    say_string_notice()\n"
+        "writer = tf.summary.create_file_writer(sys.argv[1])\n"
+        "with writer.as_default(step=0):\n"  # what a validation sample writes mid-run
+        "    tf.summary.audio('sample', tf.zeros([1, 100, 1]), 16000)\n"
         "print('ready')\n"
     )
     env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120,
+    done = subprocess.run([sys.executable, "-c", code, str(tmp_path / "logs")], capture_output=True, text=True, cwd=ROOT,
+                          timeout=120,
                           env={**env, "PYTHONPATH": str(ROOT), "TF_CPP_MIN_LOG_LEVEL": "2"})
     assert done.returncode == 0, done.stderr
     assert "cuInit" not in done.stderr and "cudart_stub" not in done.stderr and "absl::InitializeLog" not in done.stderr
+    assert "DT_STRING" not in done.stderr and "oneDNN custom operations are on" not in done.stderr, done.stderr
     assert done.stdout.strip() == "ready"

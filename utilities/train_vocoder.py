@@ -33,8 +33,10 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 import time
+import warnings
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -80,8 +82,19 @@ def main(argv=None) -> int:
         parser.error(f"--run {args.run}: not a training run folder (no config.yaml); pass train_main.py's --output-dir")
     sys.path.insert(0, str(ROOT))
 
-    import keras
-    import tensorflow as tf
+    from myxtts.hardware.detect import detect_machine
+    from myxtts.startup_noise import quiet_start, say_string_notice
+
+    # TensorFlow's start-up lines that read as errors on a healthy machine (startup_noise.py), and the
+    # DT_STRING notice the first TensorBoard audio sample would print mid-run; errors still show.
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    # Keras warns that `shuffle` is ignored for datasets: the pipeline shuffles its own.
+    warnings.filterwarnings("ignore", message=".*shuffle=True.*was passed.*")
+    with quiet_start(gpu_expected=bool(detect_machine().gpus)):
+        import keras
+        import tensorflow as tf
+
+        say_string_notice()
 
     from myxtts.config import load_config
     from myxtts.data.pipeline import Epochs, build_vocabulary

@@ -43,7 +43,7 @@ from myxtts.hardware.probe_runner import probe_batch_size
 from myxtts.hardware.report import short_summary
 from myxtts.models.alignment import AlignmentLoops
 from myxtts.hardware.probe import default_cache_dir
-from myxtts.startup_noise import quiet_start
+from myxtts.startup_noise import quiet_start, say_string_notice
 from myxtts.training import batch_probe, distribute, precision_probe, xla_cache
 from myxtts.training.callbacks import console_echo
 from myxtts.training.checkpoints import CheckpointError
@@ -72,6 +72,7 @@ def resolve_plan(config: Config, echo=console_echo) -> tuple[Config, str, Plan]:
     _persistent_xla_cache(config, facts, echo)  # before it starts: it reads TF_XLA_FLAGS then
     with quiet_start(gpu_expected=bool(facts.gpus)):  # the runtime's first device listing: cuInit
         allow_memory_growth(echo)
+        say_string_notice()  # the oneDNN notice the first TensorBoard audio would print mid-run
     plan = plan_for_machine(
         facts,
         model_size=config.model.size,
