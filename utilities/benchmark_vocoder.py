@@ -3,6 +3,7 @@
     python utilities/benchmark_vocoder.py --vocoder runs/demo/vocoder        # real-time factor vs Griffin-Lim
     python utilities/benchmark_vocoder.py --train                            # a train step: sizes x XLA
     python utilities/benchmark_vocoder.py --train --discriminator --sizes small   # without / with the discriminator
+    python utilities/benchmark_vocoder.py --train --precisions float32,mixed_bfloat16   # in each dtype policy
 
 Real-time factor: a random log-mel of --frames frames through the vocoder folder's network and
 through Griffin-Lim, each traced once and warmed up, then called in turn; seconds taken per second
@@ -10,7 +11,8 @@ of audio (below 1: faster than real time). --train: one optimizer update of `Voc
 batch of random waveforms (--batch-size segments of --segment-frames frames), for each size with
 and without XLA (`jit_compile`), each compiled and warmed up first, then timed in turn; with
 --discriminator, for each size in graph mode without and with the spectrogram discriminator
-(`adversarial_weight`, its own update included) instead.
+(`adversarial_weight`, its own update included) instead; with --precisions, for each size in
+graph mode under each Keras dtype policy (mixed_float16 with loss scaling) instead.
 """
 
 from __future__ import annotations
@@ -33,6 +35,9 @@ def main(argv=None) -> int:
     parser.add_argument("--sizes", default="small,base", help="--train: sizes to time, comma-separated")
     parser.add_argument("--discriminator", action="store_true",
                         help="--train: time each size without and with the discriminator (graph mode) instead of x XLA")
+    parser.add_argument("--precisions", default=None, metavar="POLICIES",
+                        help="--train: time each size in graph mode under these Keras dtype policies instead of x XLA "
+                             "(comma-separated: float32,mixed_bfloat16,mixed_float16)")
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--segment-frames", type=int, default=32)
     parser.add_argument("--config", default=str(ROOT / "configs" / "demo.yaml"))
@@ -89,20 +94,30 @@ def train_steps(d, args) -> dict:
     batch = {"audio": tf.constant(rng.normal(0, 0.1, (args.batch_size, samples)).astype(np.float32)),
              "mel_length": tf.fill([args.batch_size], samples // d.hop_length)}
     contenders = {}
-    variants = ((False, 0.0), (False, 0.02)) if args.discriminator else ((False, 0.0), (True, 0.0))
+    if args.precisions:
+        variants = [(False, 0.0, policy) for policy in args.precisions.split(",")]
+    elif args.discriminator:
+        variants = ((False, 0.0, "float32"), (False, 0.02, "float32"))
+    else:
+        variants = ((False, 0.0, "float32"), (True, 0.0, "float32"))
     for size in args.sizes.split(","):
-        for jit, adversarial in variants:
+        for jit, adversarial, policy in variants:
+            keras.config.set_dtype_policy(policy)
+            optimizers = [keras.optimizers.AdamW(1e-4), keras.optimizers.AdamW(2e-4)]
+            if policy == "mixed_float16":
+                optimizers = [keras.optimizers.LossScaleOptimizer(o) for o in optimizers]
             trainer = VocoderTrainer(Vocoder(d, size=size), segment_frames=args.segment_frames,
-                                     adversarial_weight=adversarial)
-            trainer.compile(optimizer=keras.optimizers.AdamW(1e-4), jit_compile=jit)
+                                     adversarial_weight=adversarial, discriminator_optimizer=optimizers[1])
+            trainer.compile(optimizer=optimizers[0], jit_compile=jit)
             trainer.build_for_training()  # the step calls the vocoder's parts, not the vocoder: it is built here
             trainer.make_train_function()
             step = trainer.train_function
             iterator = iter(tf.data.Dataset.from_tensors(batch).repeat())
             step(iterator)  # compile
             name = (f"{size} ({trainer.vocoder.count_params() / 1e6:.1f} M), {'XLA' if jit else 'graph'}"
-                    + (", discriminator" if adversarial else ""))
+                    + (", discriminator" if adversarial else "") + (f", {policy}" if args.precisions else ""))
             contenders[name] = lambda step=step, iterator=iterator: float(step(iterator)["loss"])
+    keras.config.set_dtype_policy("float32")
     return contenders
 
 

@@ -7,7 +7,10 @@ Waveform batches come from the project's own pipeline (`data.mel_on_device`: the
 trimmed, normalised and bucketed natively, as training reads them); each step vocodes the log-mel of
 a random segment of every clip and compares it with the segment. Keras' `BackupAndRestore` keeps an
 interrupted run resumable: the same command continues from its last backup (every 50 steps; a run
-that finished removes its backup, and the same command then starts over). The vocoder folder
+that finished removes its backup, and the same command then starts over; a backup made with another
+--size, --accumulation, discriminator or fp16 is refused with what differs, and kept). Updates are
+XLA-compiled on a GPU and run in its mixed precision (--precision), optionally over several batches
+each (--accumulation); the saved vocoder is float32 whatever it trained in. The vocoder folder
 (OUTPUT/vocoder.weights.h5 and OUTPUT/vocoder.json, the features it was trained for) is written at
 the end. Then copy-synthesis of the validation clips through the vocoder and through Griffin-Lim is
 measured (STOI, PESQ-WB when `pesq` is installed, DNSMOS; see utilities/measure_quality.py) and
@@ -56,6 +59,13 @@ def main(argv=None) -> int:
     parser.add_argument("--steps", type=int, default=3600,
                         help="optimizer updates in all (a resumed run trains up to it); the default takes ~13 min on 2 CPU cores")
     parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--accumulation", type=int, default=1, metavar="N",
+                        help="average the gradients of N batches into each update (Keras' gradient accumulation): "
+                             "updates of N x batch segments where memory holds one batch")
+    parser.add_argument("--precision", default="auto", choices=("auto", "fp32", "bf16", "fp16"),
+                        help="auto: bf16 on GPUs from compute capability 8.0, fp16 with loss scaling on 7.x, float32 "
+                             "on a CPU (the update measured no faster in bf16 there); the saved vocoder is float32 "
+                             "either way")
     parser.add_argument("--segment-frames", type=int, default=32, help="mel frames per training segment")
     parser.add_argument("--learning-rate", type=float, default=1e-3)
     parser.add_argument("--phase-weight", type=float, default=0.0,
@@ -78,6 +88,8 @@ def main(argv=None) -> int:
         parser.error("give --run RUN, or --train-data and --output-dir")
     if args.aligned_mels and args.run is None:
         parser.error("--aligned-mels needs --run RUN (the acoustic model whose mels to train on)")
+    if args.accumulation < 1:
+        parser.error(f"--accumulation must be at least 1, got {args.accumulation}")
     if args.run is not None and not (Path(args.run) / "config.yaml").is_file():
         parser.error(f"--run {args.run}: not a training run folder (no config.yaml); pass train_main.py's --output-dir")
     sys.path.insert(0, str(ROOT))
@@ -90,7 +102,8 @@ def main(argv=None) -> int:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     # Keras warns that `shuffle` is ignored for datasets: the pipeline shuffles its own.
     warnings.filterwarnings("ignore", message=".*shuffle=True.*was passed.*")
-    with quiet_start(gpu_expected=bool(detect_machine().gpus)):
+    machine = detect_machine()
+    with quiet_start(gpu_expected=bool(machine.gpus)):
         import keras
         import tensorflow as tf
 
@@ -100,6 +113,7 @@ def main(argv=None) -> int:
     from myxtts.data.pipeline import Epochs, build_vocabulary
     from myxtts.data.splits import load_splits
     from myxtts.evaluation import quality
+    from myxtts.hardware.plan import vocoder_precision
     from myxtts.models.vocoder import Vocoder, VocoderTrainer, load_vocoder, save_vocoder, teacher_forced_mels
     from myxtts.synthesis import GRIFFIN_LIM, RUN_VOCODER, Synthesizer
     from myxtts.training.callbacks import VocoderSamples
@@ -107,6 +121,9 @@ def main(argv=None) -> int:
 
     out = Path(args.output_dir or Path(args.run) / RUN_VOCODER)
     out.mkdir(parents=True, exist_ok=True)
+    policy, policy_reason, notes = vocoder_precision(machine, args.precision)
+    for note in notes:
+        print(f"note: {note}")
     config_path = args.config or (Path(args.run) / "config.yaml" if args.run else ROOT / "configs" / "demo.yaml")
     train_data = [f"data.train_data={args.train_data}"] if args.train_data else []
     config = load_config(config_path, overrides=[*train_data, "data.mel_on_device=true", f"data.batch_size={args.batch_size}",
@@ -131,25 +148,37 @@ def main(argv=None) -> int:
         stream = Epochs(config, train_rows, training=True, vocabulary=vocabulary).stream()
         stream = stream.map(lambda batch: {"audio": batch["audio"], "mel_length": batch["mel_length"]})
 
+    keras.config.set_dtype_policy(policy)  # before any layer is made: the layers compute in it
     if args.init_from:
-        vocoder = load_vocoder(args.init_from, config.data)
+        vocoder = load_vocoder(args.init_from, config.data, policy=policy)
         print(f"starting from {args.init_from} ({vocoder.size})")
     else:
         vocoder = Vocoder(config.data, size=args.size)
+    accumulate = args.accumulation if args.accumulation > 1 else None
     critic_optimizer = keras.optimizers.AdamW(args.discriminator_learning_rate, beta_1=0.8, beta_2=0.99, weight_decay=0.01,
-                                              global_clipnorm=1.0)
+                                              global_clipnorm=1.0, gradient_accumulation_steps=accumulate)
+    # Keras evaluates a schedule on micro-steps when it accumulates: stretched to stay in updates.
+    micro = args.accumulation
+    schedule = WarmupHoldDecay(args.learning_rate, min(100, args.steps // 10) * micro, args.steps * micro,
+                               decay_steps=args.steps // 2 * micro)
+    optimizer = FusedAdamW(schedule, beta_1=0.8, beta_2=0.99, weight_decay=0.01, global_clipnorm=1.0,
+                           gradient_accumulation_steps=accumulate)
+    if policy == "mixed_float16":  # each optimizer scales its own loss (clipping sees unscaled gradients)
+        optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
+        critic_optimizer = keras.optimizers.LossScaleOptimizer(critic_optimizer)
     trainer = VocoderTrainer(vocoder, segment_frames=args.segment_frames, phase_weight=args.phase_weight,
                              adversarial_weight=args.adversarial_weight, discriminator_optimizer=critic_optimizer)
-    schedule = WarmupHoldDecay(args.learning_rate, min(100, args.steps // 10), args.steps, decay_steps=args.steps // 2)
     jit_compile = args.xla == "on" or (args.xla == "auto" and bool(tf.config.list_physical_devices("GPU")))
-    trainer.compile(optimizer=FusedAdamW(schedule, beta_1=0.8, beta_2=0.99, weight_decay=0.01, global_clipnorm=1.0),
-                    jit_compile=jit_compile)
+    trainer.compile(optimizer=optimizer, jit_compile=jit_compile)
     trainer.build_for_training()  # variables exist before a backup is restored
+    check_backup(out / "backup", {"size": vocoder.size, "discriminator": bool(args.adversarial_weight),
+                                  "loss_scaling": policy == "mixed_float16", "accumulation": args.accumulation})
     critic = (f"; a spectrogram discriminator ({trainer.discriminator.count_params():,} parameters) at weight "
               f"{args.adversarial_weight}" if args.adversarial_weight else "")
+    batch = f"batch {args.batch_size}" + (f" x {micro} accumulated" if micro > 1 else "")
     print(f"vocoder {vocoder.size}: {vocoder.count_params():,} parameters; "
-          f"{len(train_rows)} training clips, segments of {args.segment_frames} frames, batch {args.batch_size}{critic}; "
-          f"{'XLA' if jit_compile else 'graph mode'}")
+          f"{len(train_rows)} training clips, segments of {args.segment_frames} frames, {batch}{critic}; "
+          f"{'XLA' if jit_compile else 'graph mode'}; {policy} ({policy_reason})")
 
     interval = min(50, args.steps)  # updates per Keras epoch: the progress line and the backup come this often
 
@@ -181,14 +210,16 @@ def main(argv=None) -> int:
         callbacks.append(VocoderSamples(vocoder, val_rows[0].audio_path, config.data, str(out / "logs" / "samples"),
                                         interval=max(interval, args.steps // 10)))
     started = time.monotonic()
-    trainer.fit(stream, steps_per_epoch=interval, epochs=math.ceil(args.steps / interval), verbose=0,
+    trainer.fit(stream, steps_per_epoch=interval * micro, epochs=math.ceil(args.steps / interval), verbose=0,
                 callbacks=callbacks)
+    keras.config.set_dtype_policy("float32")
     save_vocoder(vocoder, out)
     print(f"vocoder: {out}; trained in {time.monotonic() - started:.0f} s")
 
     if args.quality_clips and val_rows:
         paths = [u.audio_path for u in val_rows[: args.quality_clips]]
-        neural = tf.function(lambda mel: vocoder(mel[None])[0], reduce_retracing=True)
+        saved = load_vocoder(out, config.data)  # as synthesis will use it: float32, from the folder
+        neural = tf.function(lambda mel: saved(mel[None])[0], reduce_retracing=True)
         reports = {"griffin-lim": quality.measure_copy_synthesis(paths, config.data),
                    "vocoder": quality.measure_copy_synthesis(paths, config.data, vocoder=neural)}
         for name, report in reports.items():
@@ -197,6 +228,23 @@ def main(argv=None) -> int:
     if args.run and out.resolve() == (Path(args.run) / RUN_VOCODER).resolve():
         speak_demo_sample(Path(args.run))
     return 0
+
+
+def check_backup(backup: Path, settings: dict) -> None:
+    """Refuse to resume a backup made with settings that change the variables it holds (the vocoder's
+    size, a discriminator, loss scaling, gradient accumulation): Keras would fail to load it, or load
+    it wrongly. Says which settings differ; the backup is left as it is. Records `settings` beside a
+    backup to come (BackupAndRestore removes the folder when a run finishes)."""
+    recorded = backup / "settings.json"
+    if (backup / "latest.weights.h5").exists() and recorded.is_file():
+        before = json.loads(recorded.read_text(encoding="utf-8"))
+        differ = [f"{key}: backup {before.get(key)!r}, now {value!r}" for key, value in settings.items()
+                  if before.get(key) != value]
+        if differ:
+            raise SystemExit(f"error: {backup} holds an interrupted run made with other settings ({'; '.join(differ)}). "
+                             f"Run with that run's settings to continue it, or remove {backup} to start over.")
+    backup.mkdir(parents=True, exist_ok=True)
+    recorded.write_text(json.dumps(settings), encoding="utf-8")
 
 
 def speak_demo_sample(run: Path) -> None:

@@ -470,3 +470,18 @@ def with_precision(plan: Plan, precision: str, source: str) -> Plan:
                "auto: not needed by " + precision}
     return dataclasses.replace(plan, precision=precision, loss_scaling=precision == "mixed_float16",
                                probe_precision=False, sources=sources)
+
+
+def vocoder_precision(facts: MachineFacts, requested: str = "auto") -> tuple[str, str, list[str]]:
+    """(Keras policy, why, notes) for training the neural vocoder (utilities/train_vocoder.py).
+
+    On GPUs the acoustic model's rule (bf16 from CC 8.0, fp16 with loss scaling on 7.x). On a CPU
+    float32 unless asked: the vocoder's update was not faster in bf16 on an AVX512_BF16 EPYC
+    (BENCHMARKS.md, "The vocoder in mixed precision"), so the CPU flags that make bf16 the acoustic
+    model's prior do not count here."""
+    notes: list[str] = []
+    settings = RequestedSettings(precision=requested)
+    if not facts.gpus and settings.precision == "auto":
+        return "float32", "auto: a CPU (the vocoder's update measured no faster in bf16)", notes
+    policy, reason = _precision(facts.gpus, settings, notes, facts.cpu_bf16_flags)
+    return policy, reason, notes

@@ -22,9 +22,11 @@ losses and feature matching), trained in the same step with its own optimizer.
 A trained vocoder is a folder (`save_vocoder` / `load_vocoder`: weights + the features it was trained
 for); `waveform_maker` turns one, or None for Griffin-Lim, into the log-mel -> samples function that
 synthesis, validation, the free-running check and the exports call (`synthesis.vocoder_folder` says
-which folder a run speaks through). Trained by `utilities/train_vocoder.py` outside `train()`'s
-compiled-step machinery (graph mode; XLA measured slower for it on a CPU); BENCHMARKS.md, "Sound
-quality", has what it measures against Griffin-Lim.
+which folder a run speaks through). Trained by `utilities/train_vocoder.py` with Keras' `fit` and the
+same parts as the acoustic model's step: XLA on a GPU (measured slower for it on a CPU), mixed
+precision (bf16, or fp16 with a LossScaleOptimizer per network; the weights stay float32 and are
+saved so), Keras' gradient accumulation, the skip of a non-finite update, `BackupAndRestore`;
+BENCHMARKS.md, "Sound quality", has what it measures against Griffin-Lim.
 """
 
 from __future__ import annotations
@@ -70,7 +72,9 @@ class Vocoder(keras.Model):
     """log-mel [B, T, n_mels] (as `audio.log_mel` makes it) -> waveform [B, (T - 1) * hop_length]."""
 
     def __init__(self, data_config, size: str = "base", **kwargs):
-        super().__init__(**kwargs)
+        # Under a mixed policy Keras would cast the float32 log-mel to bf16 on the way in; the prior
+        # magnitude is computed from it in float32 (`spectrum`), and each layer casts for itself.
+        super().__init__(autocast=False, **kwargs)
         if size not in VOCODER_SIZES:
             raise ValueError(f"vocoder size {size!r}: one of {', '.join(VOCODER_SIZES)}")
         dim, blocks = VOCODER_SIZES[size]
@@ -141,8 +145,10 @@ def is_vocoder_folder(folder) -> bool:
     return (Path(folder) / WEIGHTS_FILE).is_file() and (Path(folder) / SETTINGS_FILE).is_file()
 
 
-def load_vocoder(folder, data_config) -> Vocoder:
-    """The vocoder saved in `folder` by `save_vocoder`, for mels made with `data_config`.
+def load_vocoder(folder, data_config, policy: str = "float32") -> Vocoder:
+    """The vocoder saved in `folder` by `save_vocoder`, for mels made with `data_config`, computing in
+    `policy` (float32 whatever the global policy, unless told: a training run sets mixed_bfloat16, and
+    the vocoder was measured in float32; training it on from here may ask for mixed precision).
 
     Raises FileNotFoundError naming what is missing, VocoderMismatch naming every feature key that differs."""
     folder = Path(folder)
@@ -156,14 +162,13 @@ def load_vocoder(folder, data_config) -> Vocoder:
     if differ:
         raise VocoderMismatch(f"{folder} was trained on other features than this run's ({'; '.join(differ)}); "
                               "train a vocoder with the run's data settings (train_vocoder.py --run RUN)")
-    # Float32 whatever the global policy (a training run sets mixed_bfloat16): the vocoder was measured so.
-    policy = keras.config.dtype_policy()
-    keras.config.set_dtype_policy("float32")
+    previous = keras.config.dtype_policy()
+    keras.config.set_dtype_policy(policy)  # every layer's, not only the outer model's
     try:
         vocoder = Vocoder(data_config, size=settings["size"])
         vocoder.build()
     finally:
-        keras.config.set_dtype_policy(policy)
+        keras.config.set_dtype_policy(previous)
     vocoder.load_weights(str(folder / WEIGHTS_FILE))
     vocoder.folder = str(folder)  # where it came from, for reports
     return vocoder
@@ -275,7 +280,7 @@ class SpectrogramDiscriminator(keras.Model):
     feature-matching loss compares the hidden layers on real and vocoded audio."""
 
     def __init__(self, resolutions=STFT_RESOLUTIONS, channels: int = 8, **kwargs):
-        super().__init__(**kwargs)
+        super().__init__(autocast=False, **kwargs)  # waveforms stay float32: the STFT takes no bf16
         self.resolutions, self.channels = tuple(resolutions), channels
 
         def stack(n_fft):
@@ -303,7 +308,8 @@ class SpectrogramDiscriminator(keras.Model):
             for conv in convs:
                 x = tf.nn.leaky_relu(conv(x), 0.1)
                 features.append(x)
-            outputs.append((tf.squeeze(out(x), -1), features))
+            # float32 out whatever the policy: the losses are summed in float32.
+            outputs.append((tf.cast(tf.squeeze(out(x), -1), tf.float32), [tf.cast(f, tf.float32) for f in features]))
         return outputs
 
 
@@ -395,34 +401,48 @@ class VocoderTrainer(keras.Model):
         return losses
 
     def train_step(self, batch):
-        with tf.GradientTape(persistent=bool(self.adversarial_weight)) as tape:
+        adversarial = bool(self.adversarial_weight)
+        with tf.GradientTape(persistent=adversarial) as tape:
             losses = self.losses_of(batch, training=True)
+            # Under mixed_float16 the optimizers are LossScaleOptimizers: the gradients come scaled
+            # (each optimizer its own scale) and are unscaled in `apply`; otherwise the scale is 1.
+            scaled = [self.optimizer.scale_loss(losses["loss"])]
+            if adversarial:
+                scaled.append(self.discriminator_optimizer.scale_loss(losses["discriminator_loss"]))
         variables = self.vocoder.trainable_variables
-        gradients = tape.gradient(losses["loss"], variables)
-        norms = [tf.linalg.global_norm(gradients)]
-        if self.adversarial_weight:
+        gradients = tape.gradient(scaled[0], variables)
+        norms = [tf.linalg.global_norm(gradients) / loss_scale(self.optimizer)]
+        if adversarial:
             # The discriminator's loss differentiated for its own weights only: the vocoded audio in it
             # is a constant to it, as if stopped.
             critic_variables = self.discriminator.trainable_variables
-            critic_gradients = tape.gradient(losses["discriminator_loss"], critic_variables)
-            norms.append(tf.linalg.global_norm(critic_gradients))
+            critic_gradients = tape.gradient(scaled[1], critic_variables)
+            norms.append(tf.linalg.global_norm(critic_gradients) / loss_scale(self.discriminator_optimizer))
             del tape
         # A non-finite update is skipped, as the acoustic model's step does (training/step.py): one
         # NaN applied makes every weight NaN, and the run would go on training, backing up and
         # saving a vocoder that speaks nothing (seen once at step ~1,550 of 10,800 on 343 voices).
+        # A LossScaleOptimizer skips it itself and halves its scale (normal now and then in fp16).
         finite = tf.reduce_all(tf.math.is_finite(tf.stack([losses["loss"], *norms])))
-        tf.cond(finite, lambda: self._apply(gradients, variables), lambda: tf.constant(False))
-        if self.adversarial_weight:
-            tf.cond(finite, lambda: self._apply(critic_gradients, critic_variables, self.discriminator_optimizer),
-                    lambda: tf.constant(False))
+        self._apply_if(finite, gradients, variables, self.optimizer)
+        if adversarial:
+            self._apply_if(finite, critic_gradients, critic_variables, self.discriminator_optimizer)
         self.nonfinite_in_a_row.assign(tf.where(finite, tf.constant(0, tf.int64), self.nonfinite_in_a_row + 1))
         for name, tracker in self.trackers.items():
             tracker.update_state(tf.where(finite, losses[name], 0.0), sample_weight=tf.cast(finite, tf.float32))
         logs = {name: tracker.result() for name, tracker in self.trackers.items()}
         return {**logs, "nonfinite_in_a_row": tf.identity(self.nonfinite_in_a_row.value)}
 
-    def _apply(self, gradients, variables, optimizer=None):
-        (optimizer or self.optimizer).apply(gradients, variables)
+    @staticmethod
+    def _apply_if(finite, gradients, variables, optimizer):
+        if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+            optimizer.apply(gradients, variables)
+        else:
+            tf.cond(finite, lambda: VocoderTrainer._apply(gradients, variables, optimizer), lambda: tf.constant(False))
+
+    @staticmethod
+    def _apply(gradients, variables, optimizer):
+        optimizer.apply(gradients, variables)
         return tf.constant(True)
 
     def test_step(self, batch):
@@ -430,3 +450,10 @@ class VocoderTrainer(keras.Model):
         for name, tracker in self.trackers.items():
             tracker.update_state(losses[name])
         return {name: tracker.result() for name, tracker in self.trackers.items()}
+
+
+def loss_scale(optimizer) -> tf.Tensor:
+    """[] float32: the factor `optimizer.scale_loss` multiplies by (1 unless a LossScaleOptimizer)."""
+    if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+        return tf.cast(optimizer.dynamic_scale, tf.float32)
+    return tf.constant(1.0)
