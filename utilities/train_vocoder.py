@@ -104,10 +104,31 @@ def main(argv=None) -> int:
     warnings.filterwarnings("ignore", message=".*shuffle=True.*was passed.*")
     machine = detect_machine()
     with quiet_start(gpu_expected=bool(machine.gpus)):
-        import keras
+        import keras  # noqa: F401  (its import-time lines are among those kept quiet)
         import tensorflow as tf
 
         say_string_notice()
+
+    from myxtts.config import ConfigError
+    from myxtts.data.audio import data_problem
+
+    try:
+        return train(args, machine)
+    except (ConfigError, FileNotFoundError, ValueError) as error:  # a bad --set key, a missing folder, a mismatch
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    except tf.errors.InvalidArgumentError as error:
+        problem = data_problem(error)  # the pipeline's own checks: a corrupt or unreadable clip, named
+        if problem is None:
+            raise
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
+
+
+def train(args, machine) -> int:
+    """Train, save and measure the vocoder (the module's docstring); 0 when done."""
+    import keras
+    import tensorflow as tf
 
     from myxtts.config import load_config
     from myxtts.data.pipeline import Epochs, build_vocabulary

@@ -1,0 +1,33 @@
+"""utilities/train_vocoder.py on bad input: a clear error naming the key, folder or file, exit 2,
+no traceback (as train_main.py)."""
+
+import shutil
+
+from utilities import train_vocoder
+
+
+def run(capsys, *argv) -> tuple[int, str]:
+    code = train_vocoder.main([*argv, "--size", "tiny", "--steps", "2", "--batch-size", "4", "--quality-clips", "0"])
+    return code, capsys.readouterr().err
+
+
+def test_an_unknown_config_key_is_named(demo_corpus, tmp_path, capsys):
+    code, err = run(capsys, "--train-data", str(demo_corpus), "--output-dir", str(tmp_path / "v"),
+                    "--set", "data.sample_rte=16000")
+    assert code == 2 and "data.sample_rte" in err and "Traceback" not in err, err
+
+
+def test_a_missing_vocoder_to_start_from_is_named(demo_corpus, tmp_path, capsys):
+    missing = tmp_path / "no_such_vocoder"
+    code, err = run(capsys, "--train-data", str(demo_corpus), "--output-dir", str(tmp_path / "v"),
+                    "--init-from", str(missing))
+    assert code == 2 and f"{missing} is not a vocoder folder" in err, err
+
+
+def test_a_corrupt_clip_is_named(demo_corpus, tmp_path, capsys):
+    corpus = tmp_path / "corpus"
+    shutil.copytree(demo_corpus, corpus)
+    for wav in (corpus / "wavs").glob("*.wav"):  # every clip: whichever the first batch reads
+        wav.write_bytes(b"this is not audio " * 64)
+    code, err = run(capsys, "--train-data", str(corpus), "--output-dir", str(tmp_path / "v"))
+    assert code == 2 and "not a WAV file" in err and str(corpus / "wavs") in err, err
