@@ -12,7 +12,7 @@ batch of random waveforms (--batch-size segments of --segment-frames frames), fo
 and without XLA (`jit_compile`), each compiled and warmed up first, then timed in turn; with
 --discriminator, for each size in graph mode without and with the spectrogram discriminator
 (`adversarial_weight`, its own update included) instead; with --precisions, for each size in
-graph mode under each Keras dtype policy (mixed_float16 with loss scaling) instead.
+graph mode (with --xla: XLA) under each Keras dtype policy (mixed_float16 with loss scaling) instead.
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ def main(argv=None) -> int:
     parser.add_argument("--precisions", default=None, metavar="POLICIES",
                         help="--train: time each size in graph mode under these Keras dtype policies instead of x XLA "
                              "(comma-separated: float32,mixed_bfloat16,mixed_float16)")
+    parser.add_argument("--xla", action="store_true", help="--precisions: compile each with XLA instead of graph mode")
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--segment-frames", type=int, default=32)
     parser.add_argument("--config", default=str(ROOT / "configs" / "demo.yaml"))
@@ -95,7 +96,7 @@ def train_steps(d, args) -> dict:
              "mel_length": tf.fill([args.batch_size], samples // d.hop_length)}
     contenders = {}
     if args.precisions:
-        variants = [(False, 0.0, policy) for policy in args.precisions.split(",")]
+        variants = [(args.xla, 0.0, policy) for policy in args.precisions.split(",")]
     elif args.discriminator:
         variants = ((False, 0.0, "float32"), (False, 0.02, "float32"))
     else:

@@ -8,6 +8,8 @@
 #                                                  # its log has the loops timed at start and the plan
 #   bash utilities/gpu_measure.sh demo graph 360   # the same without XLA (the loops compiled alone)
 #   bash utilities/gpu_measure.sh diagnose 200     # utilities/diagnose_gpu_bottleneck.py on the demo
+#   bash utilities/gpu_measure.sh vocoder 420      # the vocoder's XLA update in float32 and bf16, then
+#                                                  # train_vocoder.py as a user gets it (XLA, bf16)
 #
 # Logs go to $OUT (the device tool's folder) or /tmp/gpu-out. Each part is bounded by `timeout`, and a
 # part that fails does not stop the next.
@@ -56,5 +58,15 @@ diagnose)
     --num-batches 40 --json "$out/diagnosis.json" --plot "$out/diagnosis.png" > "$out/diagnosis.txt" 2>&1
   echo "diagnosis rc=$?"; grep -vE "ptxas|^W0|^I0" "$out/diagnosis.txt" | sed -n '/Measurements/,$p' | head -50
   ;;
-*) echo "unknown part: $part (loops, demo, diagnose)"; exit 2 ;;
+vocoder)
+  limit=${2:-420}; [ -f demo_corpus/manifest.jsonl ] || python3 utilities/make_demo_corpus.py --quiet
+  timeout 150 python3 utilities/benchmark_vocoder.py --train --sizes small,base --precisions float32,mixed_bfloat16 --xla \
+    --repeats 20 2>&1 | grep -v "^W0\|ptxas\|^I0" | tee "$out/vocoder_step.txt"
+  smi=$(sample_gpu "$out/vocoder_gpu.csv"); SECONDS=0
+  timeout "$limit" python3 utilities/train_vocoder.py --train-data demo_corpus --output-dir /root/runs/vocoder \
+    --steps 3600 --quality-clips 0 > "$out/vocoder.log" 2>&1   # the GPU image has no DNSMOS or STOI packages
+  echo "train_vocoder rc=$? after ${SECONDS}s"; kill "$smi" 2>/dev/null
+  grep -vE "ptxas|^W0|^I0" "$out/vocoder.log" | grep -E "^(vocoder|step)|rror" | tail -24
+  ;;
+*) echo "unknown part: $part (loops, demo, diagnose, vocoder)"; exit 2 ;;
 esac

@@ -10,7 +10,9 @@ interrupted run resumable: the same command continues from its last backup (ever
 that finished removes its backup, and the same command then starts over; a backup made with another
 --size, --accumulation, discriminator or fp16 is refused with what differs, and kept). Updates are
 XLA-compiled on a GPU and run in its mixed precision (--precision), optionally over several batches
-each (--accumulation); the saved vocoder is float32 whatever it trained in. The vocoder folder
+each (--accumulation); several GPUs of one host train it together (tf.distribute.MirroredStrategy,
+--batch-size segments on each, gradients averaged before clipping as train_main.py does, without
+XLA); the saved vocoder is float32 whatever it trained in. The vocoder folder
 (OUTPUT/vocoder.weights.h5 and OUTPUT/vocoder.json, the features it was trained for) is written at
 the end. Then copy-synthesis of the validation clips through the vocoder and through Griffin-Lim is
 measured (STOI, PESQ-WB when `pesq` is installed, DNSMOS; see utilities/measure_quality.py) and
@@ -34,6 +36,7 @@ be given at synthesis, which are smoother than a recording's.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -58,14 +61,17 @@ def main(argv=None) -> int:
                         help="small (default: 2.7 M parameters) trains twice as many updates as base (9.5 M) in the same time")
     parser.add_argument("--steps", type=int, default=3600,
                         help="optimizer updates in all (a resumed run trains up to it); the default takes ~13 min on 2 CPU cores")
-    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--batch-size", type=int, default=16, help="segments per update (per GPU with several)")
+    parser.add_argument("--gpus", type=int, default=None, metavar="N",
+                        help="GPUs to train on (default: every GPU TensorFlow sees); more than one: "
+                             "tf.distribute.MirroredStrategy, --batch-size segments on each")
     parser.add_argument("--accumulation", type=int, default=1, metavar="N",
                         help="average the gradients of N batches into each update (Keras' gradient accumulation): "
                              "updates of N x batch segments where memory holds one batch")
     parser.add_argument("--precision", default="auto", choices=("auto", "fp32", "bf16", "fp16"),
                         help="auto: bf16 on GPUs from compute capability 8.0, fp16 with loss scaling on 7.x, float32 "
-                             "on a CPU (the update measured no faster in bf16 there); the saved vocoder is float32 "
-                             "either way")
+                             "on a CPU (bf16 there measured 19%% faster per update but a little worse after as many); "
+                             "the saved vocoder is float32 either way")
     parser.add_argument("--segment-frames", type=int, default=32, help="mel frames per training segment")
     parser.add_argument("--learning-rate", type=float, default=1e-3)
     parser.add_argument("--phase-weight", type=float, default=0.0,
@@ -88,6 +94,8 @@ def main(argv=None) -> int:
         parser.error("give --run RUN, or --train-data and --output-dir")
     if args.aligned_mels and args.run is None:
         parser.error("--aligned-mels needs --run RUN (the acoustic model whose mels to train on)")
+    if args.gpus is not None and args.gpus < 1:
+        parser.error(f"--gpus must be at least 1, got {args.gpus}")
     if args.accumulation < 1:
         parser.error(f"--accumulation must be at least 1, got {args.accumulation}")
     if args.run is not None and not (Path(args.run) / "config.yaml").is_file():
@@ -135,11 +143,14 @@ def train(args, machine) -> int:
     from myxtts.data.splits import load_splits
     from myxtts.evaluation import quality
     from myxtts.hardware.plan import vocoder_precision
-    from myxtts.models.vocoder import Vocoder, VocoderTrainer, load_vocoder, save_vocoder, teacher_forced_mels
+    from myxtts.models.vocoder import load_vocoder, save_vocoder, teacher_forced_mels
     from myxtts.synthesis import GRIFFIN_LIM, RUN_VOCODER, Synthesizer
-    from myxtts.training.callbacks import VocoderSamples
-    from myxtts.training.optimizers import FusedAdamW, WarmupHoldDecay
+    from myxtts.training import distribute
+    from myxtts.training.callbacks import VocoderSamples, optimizer_step
 
+    # One host's GPUs (TF_CONFIG's several hosts are train_main.py's alone: here every process would write).
+    strategy = distribute.strategy_for(args.gpus or max(len(tf.config.list_physical_devices("GPU")), 1), environ={})
+    replicas = distribute.replicas(strategy)
     out = Path(args.output_dir or Path(args.run) / RUN_VOCODER)
     out.mkdir(parents=True, exist_ok=True)
     policy, policy_reason, notes = vocoder_precision(machine, args.precision)
@@ -162,41 +173,29 @@ def train(args, machine) -> int:
         count = int(clips["mel_length"].shape[0])
         print(f"the run's own mels of {count} training clips, teacher-forced on their recordings' alignment: "
               f"{time.monotonic() - started:.0f} s")
-        stream = (tf.data.Dataset.from_tensor_slices(clips).shuffle(count, seed=config.seed).repeat()
-                  .batch(args.batch_size, drop_remainder=True).prefetch(2))
+
+        def shard_stream(batch, shard, shards):
+            return (tf.data.Dataset.from_tensor_slices(clips).shard(shards, shard).shuffle(count, seed=config.seed)
+                    .repeat().batch(batch, drop_remainder=True).prefetch(2))
     else:
         vocabulary = build_vocabulary(train_rows + val_rows, config.data)
-        stream = Epochs(config, train_rows, training=True, vocabulary=vocabulary).stream()
-        stream = stream.map(lambda batch: {"audio": batch["audio"], "mel_length": batch["mel_length"]})
+
+        def shard_stream(batch, shard, shards):  # a replica's batches; with one replica, every clip
+            local = dataclasses.replace(config, data=dataclasses.replace(config.data, batch_size=batch))
+            stream = Epochs(local, train_rows[shard::shards], training=True, vocabulary=vocabulary).stream()
+            return stream.map(lambda b: {"audio": b["audio"], "mel_length": b["mel_length"]})
+    stream = distribute.distribute_dataset(strategy, args.batch_size, shard_stream)
 
     keras.config.set_dtype_policy(policy)  # before any layer is made: the layers compute in it
-    if args.init_from:
-        vocoder = load_vocoder(args.init_from, config.data, policy=policy)
-        print(f"starting from {args.init_from} ({vocoder.size})")
-    else:
-        vocoder = Vocoder(config.data, size=args.size)
-    accumulate = args.accumulation if args.accumulation > 1 else None
-    critic_optimizer = keras.optimizers.AdamW(args.discriminator_learning_rate, beta_1=0.8, beta_2=0.99, weight_decay=0.01,
-                                              global_clipnorm=1.0, gradient_accumulation_steps=accumulate)
-    # Keras evaluates a schedule on micro-steps when it accumulates: stretched to stay in updates.
-    micro = args.accumulation
-    schedule = WarmupHoldDecay(args.learning_rate, min(100, args.steps // 10) * micro, args.steps * micro,
-                               decay_steps=args.steps // 2 * micro)
-    optimizer = FusedAdamW(schedule, beta_1=0.8, beta_2=0.99, weight_decay=0.01, global_clipnorm=1.0,
-                           gradient_accumulation_steps=accumulate)
-    if policy == "mixed_float16":  # each optimizer scales its own loss (clipping sees unscaled gradients)
-        optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
-        critic_optimizer = keras.optimizers.LossScaleOptimizer(critic_optimizer)
-    trainer = VocoderTrainer(vocoder, segment_frames=args.segment_frames, phase_weight=args.phase_weight,
-                             adversarial_weight=args.adversarial_weight, discriminator_optimizer=critic_optimizer)
-    jit_compile = args.xla == "on" or (args.xla == "auto" and bool(tf.config.list_physical_devices("GPU")))
-    trainer.compile(optimizer=optimizer, jit_compile=jit_compile)
-    trainer.build_for_training()  # variables exist before a backup is restored
+    with distribute.training_scope(strategy):  # every variable, mirrored on each GPU with several
+        trainer, jit_compile = build_trainer(args, config, policy, strategy)
+    vocoder = trainer.vocoder
     check_backup(out / "backup", {"size": vocoder.size, "discriminator": bool(args.adversarial_weight),
                                   "loss_scaling": policy == "mixed_float16", "accumulation": args.accumulation})
     critic = (f"; a spectrogram discriminator ({trainer.discriminator.count_params():,} parameters) at weight "
               f"{args.adversarial_weight}" if args.adversarial_weight else "")
-    batch = f"batch {args.batch_size}" + (f" x {micro} accumulated" if micro > 1 else "")
+    batch = (f"batch {args.batch_size}" + (f" x {replicas} GPUs" if replicas > 1 else "")
+             + (f" x {args.accumulation} accumulated" if args.accumulation > 1 else ""))
     print(f"vocoder {vocoder.size}: {vocoder.count_params():,} parameters; "
           f"{len(train_rows)} training clips, segments of {args.segment_frames} frames, {batch}{critic}; "
           f"{'XLA' if jit_compile else 'graph mode'}; {policy} ({policy_reason})")
@@ -205,7 +204,7 @@ def train(args, machine) -> int:
 
     class Progress(keras.callbacks.Callback):
         def on_train_begin(self, logs=None):  # after BackupAndRestore (listed first) restored the run
-            self.first, self.started = int(self.model.optimizer.iterations), time.monotonic()
+            self.first, self.started = optimizer_step(self.model), time.monotonic()
             if self.first:
                 print(f"resumed from {out / 'backup'} at update {self.first} of {args.steps}", flush=True)
 
@@ -231,7 +230,7 @@ def train(args, machine) -> int:
         callbacks.append(VocoderSamples(vocoder, val_rows[0].audio_path, config.data, str(out / "logs" / "samples"),
                                         interval=max(interval, args.steps // 10)))
     started = time.monotonic()
-    trainer.fit(stream, steps_per_epoch=interval * micro, epochs=math.ceil(args.steps / interval), verbose=0,
+    trainer.fit(stream, steps_per_epoch=interval * args.accumulation, epochs=math.ceil(args.steps / interval), verbose=0,
                 callbacks=callbacks)
     keras.config.set_dtype_policy("float32")
     save_vocoder(vocoder, out)
@@ -249,6 +248,44 @@ def train(args, machine) -> int:
     if args.run and out.resolve() == (Path(args.run) / RUN_VOCODER).resolve():
         speak_demo_sample(Path(args.run))
     return 0
+
+
+def build_trainer(args, config, policy: str, strategy):
+    """(VocoderTrainer compiled with its optimizers and every variable built, XLA or not), inside
+    `distribute.training_scope(strategy)` and under the dtype policy `policy`."""
+    import keras
+    import tensorflow as tf
+
+    from myxtts.models.vocoder import Vocoder, VocoderTrainer, load_vocoder
+    from myxtts.training import distribute
+    from myxtts.training.optimizers import FusedAdamW, WarmupHoldDecay
+
+    if args.init_from:
+        vocoder = load_vocoder(args.init_from, config.data, policy=policy)
+        print(f"starting from {args.init_from} ({vocoder.size})")
+    else:
+        vocoder = Vocoder(config.data, size=args.size)
+    accumulate = args.accumulation if args.accumulation > 1 else None
+    critic_optimizer = keras.optimizers.AdamW(args.discriminator_learning_rate, beta_1=0.8, beta_2=0.99, weight_decay=0.01,
+                                              global_clipnorm=1.0, gradient_accumulation_steps=accumulate)
+    # Keras evaluates a schedule on micro-steps when it accumulates: stretched to stay in updates.
+    micro = args.accumulation
+    schedule = WarmupHoldDecay(args.learning_rate, min(100, args.steps // 10) * micro, args.steps * micro,
+                               decay_steps=args.steps // 2 * micro)
+    optimizer = FusedAdamW(schedule, beta_1=0.8, beta_2=0.99, weight_decay=0.01, global_clipnorm=1.0,
+                           gradient_accumulation_steps=accumulate)
+    if policy == "mixed_float16":  # each optimizer scales its own loss (clipping sees unscaled gradients)
+        optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
+        critic_optimizer = keras.optimizers.LossScaleOptimizer(critic_optimizer)
+    trainer = VocoderTrainer(vocoder, segment_frames=args.segment_frames, phase_weight=args.phase_weight,
+                             adversarial_weight=args.adversarial_weight,
+                             discriminator_optimizer=distribute.prepare_optimizer(critic_optimizer, strategy))
+    # XLA cannot compile a step whose variables live on several devices (training/distribute.py).
+    jit_compile = distribute.xla_allowed(strategy) and (
+        args.xla == "on" or (args.xla == "auto" and bool(tf.config.list_physical_devices("GPU"))))
+    trainer.compile(optimizer=distribute.prepare_optimizer(optimizer, strategy), jit_compile=jit_compile)
+    trainer.build_for_training()  # variables exist before a backup is restored
+    return trainer, jit_compile
 
 
 def check_backup(backup: Path, settings: dict) -> None:

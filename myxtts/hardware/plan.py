@@ -476,12 +476,13 @@ def vocoder_precision(facts: MachineFacts, requested: str = "auto") -> tuple[str
     """(Keras policy, why, notes) for training the neural vocoder (utilities/train_vocoder.py).
 
     On GPUs the acoustic model's rule (bf16 from CC 8.0, fp16 with loss scaling on 7.x). On a CPU
-    float32 unless asked: the vocoder's update was not faster in bf16 on an AVX512_BF16 EPYC
-    (BENCHMARKS.md, "The vocoder in mixed precision"), so the CPU flags that make bf16 the acoustic
-    model's prior do not count here."""
+    float32 unless asked: on an AVX512_BF16 EPYC the small vocoder's update was 19% faster in bf16,
+    but after the same 1,500 updates it measured a little worse (PESQ 2.52 against 2.58; BENCHMARKS.md,
+    "The vocoder in mixed precision"), so the CPU flags that make bf16 the acoustic model's prior do
+    not count here."""
     notes: list[str] = []
     settings = RequestedSettings(precision=requested)
     if not facts.gpus and settings.precision == "auto":
-        return "float32", "auto: a CPU (the vocoder's update measured no faster in bf16)", notes
+        return "float32", "auto: a CPU, where bf16 measured faster but worse for the vocoder", notes
     policy, reason = _precision(facts.gpus, settings, notes, facts.cpu_bf16_flags)
     return policy, reason, notes

@@ -25,7 +25,8 @@ synthesis, validation, the free-running check and the exports call (`synthesis.v
 which folder a run speaks through). Trained by `utilities/train_vocoder.py` with Keras' `fit` and the
 same parts as the acoustic model's step: XLA on a GPU (measured slower for it on a CPU), mixed
 precision (bf16, or fp16 with a LossScaleOptimizer per network; the weights stay float32 and are
-saved so), Keras' gradient accumulation, the skip of a non-finite update, `BackupAndRestore`;
+saved so), Keras' gradient accumulation, the skip of a non-finite update, several GPUs through
+`training/distribute.py` (gradients averaged across replicas in the step), `BackupAndRestore`;
 BENCHMARKS.md, "Sound quality", has what it measures against Griffin-Lim.
 """
 
@@ -39,6 +40,7 @@ import tensorflow as tf
 
 from myxtts.data import audio
 from myxtts.models.griffin_lim import istft, log_mel_to_audio, mel_to_magnitude, stft
+from myxtts.training.distribute import all_reduce_mean, reducible_logs
 
 # (width, blocks): `tiny` for tests; `base` is Vocos' width with half its depth; `small` a quarter of its cost.
 VOCODER_SIZES = {"tiny": (32, 2), "small": (256, 4), "base": (512, 4)}
@@ -410,28 +412,33 @@ class VocoderTrainer(keras.Model):
             if adversarial:
                 scaled.append(self.discriminator_optimizer.scale_loss(losses["discriminator_loss"]))
         variables = self.vocoder.trainable_variables
-        gradients = tape.gradient(scaled[0], variables)
-        norms = [tf.linalg.global_norm(gradients) / loss_scale(self.optimizer)]
+        gradients = [tape.gradient(scaled[0], variables)]
         if adversarial:
             # The discriminator's loss differentiated for its own weights only: the vocoded audio in it
             # is a constant to it, as if stopped.
             critic_variables = self.discriminator.trainable_variables
-            critic_gradients = tape.gradient(scaled[1], critic_variables)
-            norms.append(tf.linalg.global_norm(critic_gradients) / loss_scale(self.discriminator_optimizer))
+            gradients.append(tape.gradient(scaled[1], critic_variables))
             del tape
+        # Several replicas (train_vocoder.py on several GPUs): from here on every replica holds the
+        # global batch's mean gradients and losses, so clipping and the finite check are one device's
+        # (training/distribute.py; unchanged with one replica).
+        gradients, losses = all_reduce_mean((gradients, losses))
+        norms = [tf.linalg.global_norm(gradients[0]) / loss_scale(self.optimizer)]
+        if adversarial:
+            norms.append(tf.linalg.global_norm(gradients[1]) / loss_scale(self.discriminator_optimizer))
         # A non-finite update is skipped, as the acoustic model's step does (training/step.py): one
         # NaN applied makes every weight NaN, and the run would go on training, backing up and
         # saving a vocoder that speaks nothing (seen once at step ~1,550 of 10,800 on 343 voices).
         # A LossScaleOptimizer skips it itself and halves its scale (normal now and then in fp16).
         finite = tf.reduce_all(tf.math.is_finite(tf.stack([losses["loss"], *norms])))
-        self._apply_if(finite, gradients, variables, self.optimizer)
+        self._apply_if(finite, gradients[0], variables, self.optimizer)
         if adversarial:
-            self._apply_if(finite, critic_gradients, critic_variables, self.discriminator_optimizer)
+            self._apply_if(finite, gradients[1], critic_variables, self.discriminator_optimizer)
         self.nonfinite_in_a_row.assign(tf.where(finite, tf.constant(0, tf.int64), self.nonfinite_in_a_row + 1))
         for name, tracker in self.trackers.items():
             tracker.update_state(tf.where(finite, losses[name], 0.0), sample_weight=tf.cast(finite, tf.float32))
         logs = {name: tracker.result() for name, tracker in self.trackers.items()}
-        return {**logs, "nonfinite_in_a_row": tf.identity(self.nonfinite_in_a_row.value)}
+        return reducible_logs({**logs, "nonfinite_in_a_row": tf.identity(self.nonfinite_in_a_row.value)})
 
     @staticmethod
     def _apply_if(finite, gradients, variables, optimizer):
