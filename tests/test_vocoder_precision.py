@@ -134,7 +134,7 @@ def test_a_backup_made_with_other_settings_is_refused_and_kept(tmp_path):
     assert json.loads((backup / "settings.json").read_text()) == settings
     (backup / "latest.weights.h5").write_bytes(b"an interrupted run's weights")
     check_backup(backup, settings)  # the same settings resume
-    with pytest.raises(SystemExit, match=r"accumulation: backup 1, now 2.*remove .*backup to start over"):
+    with pytest.raises(ValueError, match=r"accumulation: backup 1, now 2.*remove .*backup to start over"):
         check_backup(backup, {**settings, "accumulation": 2})
     assert (backup / "latest.weights.h5").read_bytes() == b"an interrupted run's weights"
     assert json.loads((backup / "settings.json").read_text()) == settings

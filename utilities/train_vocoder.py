@@ -112,7 +112,7 @@ def main(argv=None) -> int:
     warnings.filterwarnings("ignore", message=".*shuffle=True.*was passed.*")
     machine = detect_machine()
     with quiet_start(gpu_expected=bool(machine.gpus)):
-        import keras  # noqa: F401  (its import-time lines are among those kept quiet)
+        import keras
         import tensorflow as tf
 
         say_string_notice()
@@ -122,7 +122,7 @@ def main(argv=None) -> int:
 
     try:
         return train(args, machine)
-    except (ConfigError, FileNotFoundError, ValueError) as error:  # a bad --set key, a missing folder, a mismatch
+    except (ConfigError, FileNotFoundError, ValueError) as error:  # a bad --set key, a missing folder, a backup
         print(f"error: {error}", file=sys.stderr)
         return 2
     except tf.errors.InvalidArgumentError as error:
@@ -131,6 +131,8 @@ def main(argv=None) -> int:
             raise
         print(f"error: {problem}", file=sys.stderr)
         return 2
+    finally:
+        keras.config.set_dtype_policy("float32")  # train() sets the run's: a caller in this process gets float32 back
 
 
 def train(args, machine) -> int:
@@ -232,7 +234,7 @@ def train(args, machine) -> int:
     started = time.monotonic()
     trainer.fit(stream, steps_per_epoch=interval * args.accumulation, epochs=math.ceil(args.steps / interval), verbose=0,
                 callbacks=callbacks)
-    keras.config.set_dtype_policy("float32")
+    keras.config.set_dtype_policy("float32")  # what follows (measures, the demo sample) runs as synthesis does
     save_vocoder(vocoder, out)
     print(f"vocoder: {out}; trained in {time.monotonic() - started:.0f} s")
 
@@ -299,7 +301,7 @@ def check_backup(backup: Path, settings: dict) -> None:
         differ = [f"{key}: backup {before.get(key)!r}, now {value!r}" for key, value in settings.items()
                   if before.get(key) != value]
         if differ:
-            raise SystemExit(f"error: {backup} holds an interrupted run made with other settings ({'; '.join(differ)}). "
+            raise ValueError(f"{backup} holds an interrupted run made with other settings ({'; '.join(differ)}). "
                              f"Run with that run's settings to continue it, or remove {backup} to start over.")
     backup.mkdir(parents=True, exist_ok=True)
     recorded.write_text(json.dumps(settings), encoding="utf-8")
