@@ -9,8 +9,9 @@ from conftest import tiny_config
 from myxtts.data.manifest import read_manifest
 from myxtts.data.pipeline import build_dataset, build_vocabulary
 from myxtts.models import griffin_lim
-from myxtts.models.vocoder import (SpectrogramDiscriminator, Vocoder, VocoderTrainer, adversarial_losses,
+from myxtts.models.vocoder import (SpectrogramDiscriminator, Vocoder, adversarial_losses,
                                    multi_resolution_stft_loss, random_segments)
+from myxtts.training.vocoder_step import VocoderTrainer
 
 
 @pytest.fixture(scope="module")

@@ -15,8 +15,9 @@ from myxtts.data.manifest import read_manifest
 from myxtts.data.pipeline import build_dataset, build_vocabulary
 from myxtts.hardware.detect import MachineFacts
 from myxtts.hardware.plan import vocoder_precision
-from myxtts.models.vocoder import Vocoder, VocoderTrainer, load_vocoder, save_vocoder
+from myxtts.models.vocoder import Vocoder, load_vocoder, save_vocoder
 from myxtts.training.step import host_placed
+from myxtts.training.vocoder_step import VocoderTrainer
 
 PROFILES = Path(__file__).parent / "data" / "device_profiles"
 

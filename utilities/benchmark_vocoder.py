@@ -88,7 +88,8 @@ def train_steps(d, args) -> dict:
     import numpy as np
     import tensorflow as tf
 
-    from myxtts.models.vocoder import Vocoder, VocoderTrainer
+    from myxtts.models.vocoder import Vocoder
+    from myxtts.training.vocoder_step import VocoderTrainer
 
     samples = args.segment_frames * d.hop_length * 2
     rng = np.random.default_rng(0)

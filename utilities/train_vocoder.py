@@ -258,7 +258,8 @@ def build_trainer(args, config, policy: str, strategy):
     import keras
     import tensorflow as tf
 
-    from myxtts.models.vocoder import Vocoder, VocoderTrainer, load_vocoder
+    from myxtts.models.vocoder import Vocoder, load_vocoder
+    from myxtts.training.vocoder_step import VocoderTrainer
     from myxtts.training import distribute
     from myxtts.training.optimizers import FusedAdamW, WarmupHoldDecay
 
