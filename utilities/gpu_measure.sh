@@ -8,7 +8,7 @@
 #                                                  # its log has the loops timed at start and the plan
 #   bash utilities/gpu_measure.sh demo graph 360   # the same without XLA (the loops compiled alone)
 #   bash utilities/gpu_measure.sh diagnose 200     # utilities/diagnose_gpu_bottleneck.py on the demo
-#   bash utilities/gpu_measure.sh vocoder 420      # the vocoder's XLA update in float32 and bf16, then
+#   bash utilities/gpu_measure.sh vocoder 360      # the vocoder's XLA update in float32 and bf16, then
 #                                                  # train_vocoder.py as a user gets it (XLA, bf16)
 #
 # Logs go to $OUT (the device tool's folder) or /tmp/gpu-out. Each part is bounded by `timeout`, and a
@@ -59,8 +59,8 @@ diagnose)
   echo "diagnosis rc=$?"; grep -vE "ptxas|^W0|^I0" "$out/diagnosis.txt" | sed -n '/Measurements/,$p' | head -50
   ;;
 vocoder)
-  limit=${2:-420}; [ -f demo_corpus/manifest.jsonl ] || python3 utilities/make_demo_corpus.py --quiet
-  timeout 150 python3 utilities/benchmark_vocoder.py --train --sizes small,base --precisions float32,mixed_bfloat16 --xla \
+  limit=${2:-360}; [ -f demo_corpus/manifest.jsonl ] || python3 utilities/make_demo_corpus.py --quiet
+  timeout 180 python3 utilities/benchmark_vocoder.py --train --sizes small,base --precisions float32,mixed_bfloat16 --xla \
     --repeats 20 2>&1 | grep -v "^W0\|ptxas\|^I0" | tee "$out/vocoder_step.txt"
   smi=$(sample_gpu "$out/vocoder_gpu.csv"); SECONDS=0
   timeout "$limit" python3 utilities/train_vocoder.py --train-data demo_corpus --output-dir /root/runs/vocoder \
