@@ -83,15 +83,15 @@ class TrainingModel(keras.Model):
         # Several replicas: from here on every replica holds the global batch's mean gradients and
         # losses, so clipping, the finite check and the logs are one device's (distribute.py).
         gradients, losses = all_reduce_mean((gradients, losses))
-        loss_scale = self._loss_scale()
-        grad_norm = tf.linalg.global_norm(gradients) / loss_scale  # [] the unscaled norm
+        scale = loss_scale(self.optimizer)
+        grad_norm = tf.linalg.global_norm(gradients) / scale  # [] the unscaled norm
         finite = tf.math.logical_and(tf.math.is_finite(losses["loss"]), tf.math.is_finite(grad_norm))
 
         if isinstance(self.optimizer, keras.optimizers.LossScaleOptimizer):
             # It skips non-finite steps itself and lowers the scale: that is normal in fp16.
             self.optimizer.apply(gradients, variables)
         else:
-            tf.cond(finite, lambda: self._apply(gradients, variables), lambda: tf.constant(False))
+            tf.cond(finite, lambda: applied(gradients, variables, self.optimizer), lambda: tf.constant(False))
         self.nonfinite_in_a_row.assign(tf.where(finite, tf.constant(0, tf.int64), self.nonfinite_in_a_row + 1))
 
         for name, tracker in self.loss_trackers.items():
@@ -100,7 +100,7 @@ class TrainingModel(keras.Model):
         logs = {name: tracker.result() for name, tracker in self.loss_trackers.items()}
         logs.update(
             grad_norm=grad_norm,
-            loss_scale=loss_scale,
+            loss_scale=scale,
             nonfinite_in_a_row=self.nonfinite_in_a_row.value,
             learning_rate=self._learning_rate_or_d(),
         )
@@ -159,15 +159,6 @@ class TrainingModel(keras.Model):
             return
         super()._maybe_symbolic_build(iterator=iterator, data_batch=data_batch)
 
-    def _apply(self, gradients, variables):
-        self.optimizer.apply(gradients, variables)
-        return tf.constant(True)
-
-    def _loss_scale(self):
-        if isinstance(self.optimizer, keras.optimizers.LossScaleOptimizer):
-            return tf.cast(self.optimizer.dynamic_scale, tf.float32)
-        return tf.constant(1.0)
-
     def _learning_rate_or_d(self):
         """The learning rate, or for Prodigy its adapted step size d times the learning rate."""
         inner = getattr(self.optimizer, "inner_optimizer", self.optimizer)
@@ -175,3 +166,16 @@ class TrainingModel(keras.Model):
         if hasattr(inner, "d"):
             rate = rate * tf.cast(inner.d, tf.float32)
         return rate
+
+
+def applied(gradients, variables, optimizer) -> tf.Tensor:
+    """`optimizer.apply`, as a `tf.cond` branch (it must return a tensor)."""
+    optimizer.apply(gradients, variables)
+    return tf.constant(True)
+
+
+def loss_scale(optimizer) -> tf.Tensor:
+    """[] float32: the factor `optimizer.scale_loss` multiplies by (1 unless a LossScaleOptimizer)."""
+    if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+        return tf.cast(optimizer.dynamic_scale, tf.float32)
+    return tf.constant(1.0)

@@ -14,6 +14,7 @@ from myxtts.models.griffin_lim import istft, stft
 from myxtts.models.vocoder import (SpectrogramDiscriminator, Vocoder, adversarial_losses, compressed_spectrum_loss,
                                    mel_segments, multi_resolution_stft_loss, segment_starts, waveform_segments)
 from myxtts.training.distribute import all_reduce_mean, reducible_logs
+from myxtts.training.step import applied, loss_scale
 
 
 class VocoderTrainer(keras.Model):
@@ -137,16 +138,3 @@ class VocoderTrainer(keras.Model):
         for name, tracker in self.trackers.items():
             tracker.update_state(losses[name])
         return {name: tracker.result() for name, tracker in self.trackers.items()}
-
-
-def applied(gradients, variables, optimizer) -> tf.Tensor:
-    """`optimizer.apply`, as a `tf.cond` branch (it must return a tensor)."""
-    optimizer.apply(gradients, variables)
-    return tf.constant(True)
-
-
-def loss_scale(optimizer) -> tf.Tensor:
-    """[] float32: the factor `optimizer.scale_loss` multiplies by (1 unless a LossScaleOptimizer)."""
-    if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
-        return tf.cast(optimizer.dynamic_scale, tf.float32)
-    return tf.constant(1.0)
