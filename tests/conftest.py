@@ -85,6 +85,18 @@ def demo_corpus(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def waveform_batch(demo_corpus):
+    """(data config, {"audio", "mel_length"}): one waveform batch of the demo corpus, as the vocoder trains on."""
+    from myxtts.data.manifest import read_manifest
+    from myxtts.data.pipeline import build_dataset, build_vocabulary
+
+    config = tiny_config(demo_corpus, "data.mel_on_device=true")
+    rows = read_manifest(demo_corpus)
+    batch = next(iter(build_dataset(config, rows, training=True, vocabulary=build_vocabulary(rows, config.data))))
+    return config.data, {"audio": batch["audio"], "mel_length": batch["mel_length"]}
+
+
+@pytest.fixture(scope="session")
 def unseen_voices_corpus(tmp_path_factory):
     """Two voices the demo corpus does not use, five clips each (validation's unseen voices)."""
     from myxtts.data.demo_corpus import OTHER_VOICES, make_demo_corpus

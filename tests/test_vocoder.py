@@ -5,21 +5,11 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import tiny_config
 from myxtts.data.manifest import read_manifest
-from myxtts.data.pipeline import build_dataset, build_vocabulary
 from myxtts.models import griffin_lim
 from myxtts.models.vocoder import (SpectrogramDiscriminator, Vocoder, adversarial_losses,
                                    multi_resolution_stft_loss, random_segments)
 from myxtts.training.vocoder_step import VocoderTrainer
-
-
-@pytest.fixture(scope="module")
-def waveform_batch(demo_corpus):
-    config = tiny_config(demo_corpus, "data.mel_on_device=true")
-    rows = read_manifest(demo_corpus)
-    batch = next(iter(build_dataset(config, rows, training=True, vocabulary=build_vocabulary(rows, config.data))))
-    return config.data, {"audio": batch["audio"], "mel_length": batch["mel_length"]}
 
 
 def test_untrained_vocoder_speaks_the_prior_magnitude_at_phase_zero(waveform_batch):

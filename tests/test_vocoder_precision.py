@@ -11,8 +11,6 @@ import pytest
 import tensorflow as tf
 
 from conftest import tiny_config
-from myxtts.data.manifest import read_manifest
-from myxtts.data.pipeline import build_dataset, build_vocabulary
 from myxtts.hardware.detect import MachineFacts
 from myxtts.hardware.plan import vocoder_precision
 from myxtts.models.vocoder import Vocoder, load_vocoder, save_vocoder
@@ -20,14 +18,6 @@ from myxtts.training.step import host_placed
 from myxtts.training.vocoder_step import VocoderTrainer
 
 PROFILES = Path(__file__).parent / "data" / "device_profiles"
-
-
-@pytest.fixture(scope="module")
-def waveform_batch(demo_corpus):
-    config = tiny_config(demo_corpus, "data.mel_on_device=true")
-    rows = read_manifest(demo_corpus)
-    batch = next(iter(build_dataset(config, rows, training=True, vocabulary=build_vocabulary(rows, config.data))))
-    return config.data, {"audio": batch["audio"], "mel_length": batch["mel_length"]}
 
 
 @pytest.fixture(autouse=True)
