@@ -10,6 +10,9 @@
 #   bash utilities/gpu_measure.sh diagnose 200     # utilities/diagnose_gpu_bottleneck.py on the demo
 #   bash utilities/gpu_measure.sh vocoder 360      # the vocoder's XLA update in float32 and bf16, then
 #                                                  # train_vocoder.py as a user gets it (XLA, bf16)
+#   bash utilities/gpu_measure.sh first            # for a lease of 15 minutes in all, where sending the
+#                                                  # kit takes ~4: the loops per frame (150 s at most),
+#                                                  # then the demo as a user gets it (420 s at most)
 #
 # Logs go to $OUT (the device tool's folder) or /tmp/gpu-out. Each part is bounded by `timeout`, and a
 # part that fails does not stop the next.
@@ -68,5 +71,14 @@ vocoder)
   echo "train_vocoder rc=$? after ${SECONDS}s"; kill "$smi" 2>/dev/null
   grep -vE "ptxas|^W0|^I0" "$out/vocoder.log" | grep -E "^(vocoder|step)|rror" | tail -24
   ;;
-*) echo "unknown part: $part (loops, demo, diagnose, vocoder)"; exit 2 ;;
+first)
+  python3 -m myxtts.hardware > "$out/hardware.txt" 2>&1; grep -iE "gpu|precision|xla" "$out/hardware.txt" | head -8
+  [ -f demo_corpus/manifest.jsonl ] || python3 utilities/make_demo_corpus.py --quiet
+  timeout 150 python3 utilities/benchmark_alignment.py --blocks 1,16 --repeats 5 2>&1 | grep -v "^W0\|ptxas\|^I0" | tee "$out/alignment.txt"
+  smi=$(sample_gpu "$out/demo_gpu.csv"); SECONDS=0
+  timeout 420 python3 train_main.py --demo --output-dir /root/runs/demo > "$out/demo.log" 2>&1
+  echo "demo rc=$? after ${SECONDS}s"; kill "$smi" 2>/dev/null
+  grep -vE "ptxas|^W0|^I0" "$out/demo.log" | grep -E "^(step|hardware|plan|probe|compile|val|saved|done|alignment loops|input route)|WER|rror|took|compil" | tail -40
+  ;;
+*) echo "unknown part: $part (first, loops, demo, diagnose, vocoder)"; exit 2 ;;
 esac
