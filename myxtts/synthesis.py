@@ -21,6 +21,7 @@ from pathlib import Path
 import tensorflow as tf
 
 from myxtts.config import Config, load_run_config
+from myxtts.data.audio import data_problem
 from myxtts.data.phonemes import model_text
 from myxtts.data.pipeline import reference_log_mel
 from myxtts.data.text import UNK_ID, Vocabulary, symbols, tokenize
@@ -95,8 +96,10 @@ class Synthesizer:
             try:
                 clips.append(reference_log_mel(tf.constant(str(path)), self.config.data))
             except tf.errors.InvalidArgumentError as error:
-                raise ValueError(f"{path}: cannot use as a reference voice (16-bit PCM WAV expected; convert it "
-                                 f"with utilities/prepare_dataset.py): {error.message.splitlines()[0]}") from None
+                problem = data_problem(error)  # names the file and what to do
+                raise ValueError(f"cannot use as a reference voice: {problem}" if problem else
+                                 f"{path}: cannot use as a reference voice (16-bit PCM WAV expected; convert it with "
+                                 f"utilities/prepare_dataset.py): {error.message.strip().splitlines()[-1]}") from None
         return tf.stack([m for m, _ in clips]), tf.stack([n for _, n in clips])
 
     def tokens(self, text: str, drop_unknown: bool = False) -> tuple[tf.Tensor, list[str]]:

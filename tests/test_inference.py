@@ -193,3 +193,16 @@ def test_synthesize_cli_stops_on_unseen_phonemes_and_drop_unknown_leaves_them_ou
     assert "left out 6 symbols the run never trained on: , ? t z ɪ" in capsys.readouterr().err
     assert soundfile.info(tmp_path / "said.wav").frames > 0
     assert asked == ["griffin-lim", "griffin-lim"]  # --vocoder reaches the synthesizer
+
+
+def test_a_damaged_reference_clip_is_named_with_what_is_wrong_with_it(hello_synthesizer, tmp_path):
+    """The message once ended in TensorFlow's "Graph execution error:" and left out the problem."""
+    synthesizer, voice = hello_synthesizer
+    damaged = tmp_path / "damaged.wav"
+    damaged.write_bytes(voice.read_bytes()[:30])  # cut off inside the 'fmt ' chunk
+    with pytest.raises(ValueError) as raised:
+        synthesizer.reference([str(damaged)])
+    message = str(raised.value)
+    assert message.startswith("cannot use as a reference voice: damaged WAV") and str(damaged) in message, message
+    assert "Graph execution error" not in message, message
+

@@ -10,6 +10,7 @@ Slaney area normalisation (HTK mel scale as an option).
 
 from __future__ import annotations
 
+import ast
 import codecs
 import functools
 import math
@@ -199,6 +200,9 @@ def data_problem(error: tf.errors.OpError) -> str | None:
     """The message of one of this module's checks on an input file (not a WAV, a format or layout
     TensorFlow does not read, a truncated file, an unsupported sample rate: the `tf.debugging.Assert`s
     here, which name the file), without TensorFlow's framing; None for any other error."""
+    eager = re.search(r"to be true\. Summarized data: (.*)\Z", error.message, re.DOTALL)
+    if eager is not None:  # raised eagerly: each piece on a line of its own, as a Python bytes literal
+        return " ".join(_literal(line) for line in eager.group(1).splitlines())
     match = re.search(r"assertion failed: \[(.*)\]$", error.message, re.MULTILINE)
     if match is None:
         return None
@@ -206,6 +210,14 @@ def data_problem(error: tf.errors.OpError) -> str | None:
     # brackets' seams, not on every bracket (a file name may hold one), and undo the escapes.
     pieces = match.group(1).split("] [")
     return " ".join(codecs.escape_decode(piece.encode("utf-8"))[0].decode("utf-8", "replace") for piece in pieces)
+
+
+def _literal(line: str) -> str:
+    try:
+        value = ast.literal_eval(line)
+    except (ValueError, SyntaxError):
+        return line
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
 
 
 def _header_int(contents, offset: int, size: int) -> tf.Tensor:
