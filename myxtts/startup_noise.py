@@ -69,3 +69,18 @@ def quiet_start(gpu_expected: bool):
                     if not is_noise(line, gpu_expected)]
             sys.stderr.write("".join(kept))
             sys.stderr.flush()
+
+
+def quiet_tensorflow() -> None:
+    """For a command-line tool, before anything imports TensorFlow: its import and device start with
+    the noise above dropped, and its C++ info and warning lines off (TF_CPP_MIN_LOG_LEVEL 2, unless
+    the user set it). Errors still show."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    from myxtts.hardware.detect import detect_machine  # NVML only: no TensorFlow
+
+    with quiet_start(gpu_expected=bool(detect_machine().gpus)):
+        import tensorflow as tf
+
+        tf.config.list_logical_devices()
+        say_string_notice()
+

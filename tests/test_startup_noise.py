@@ -5,6 +5,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from myxtts.startup_noise import is_noise
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -60,3 +62,21 @@ def test_a_cpu_training_start_prints_none_of_it(tmp_path):
     assert "cuInit" not in done.stderr and "cudart_stub" not in done.stderr and "absl::InitializeLog" not in done.stderr
     assert "DT_STRING" not in done.stderr and "oneDNN custom operations are on" not in done.stderr, done.stderr
     assert done.stdout.strip() == "ready"
+
+
+@pytest.mark.parametrize("tool", [
+    ["utilities/synthesize.py", "--checkpoint", "MISSING", "--text", "Hi.", "--reference", "x.wav"],
+    ["utilities/export_model.py", "--run", "MISSING", "--out", "OUT"],
+    ["utilities/free_running_check.py", "--run", "MISSING"],
+    ["utilities/measure_quality.py", "--corpus", "MISSING"],
+], ids=lambda tool: Path(tool[0]).stem)
+def test_the_tools_name_a_missing_input_in_one_line_without_tensorflows_start_up_noise(tool, tmp_path):
+    missing = tmp_path / "no_such_run"
+    argv = [str(missing) if a == "MISSING" else str(tmp_path / "export") if a == "OUT" else a for a in tool]
+    env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+    done = subprocess.run([sys.executable, *argv], capture_output=True, text=True, cwd=ROOT, timeout=120,
+                          env={**env, "PYTHONPATH": str(ROOT)})
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and len(lines) == 1, done.stderr
+    assert lines[0].startswith("error: ") and str(missing) in lines[0], lines
+

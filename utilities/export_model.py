@@ -29,6 +29,9 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from myxtts.startup_noise import quiet_tensorflow
+
+    quiet_tensorflow()
     from myxtts.export import export_run
     from myxtts.training.checkpoints import CheckpointError, find_checkpoint
 

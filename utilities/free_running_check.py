@@ -56,6 +56,9 @@ def main(argv=None) -> int:
                              "training voices as the decoder's best)")
     args = parser.parse_args(argv)
 
+    from myxtts.startup_noise import quiet_tensorflow
+
+    quiet_tensorflow()
     import numpy as np
 
     from myxtts.evaluation.intelligibility import IntelligibilityScorer, skip_reason

@@ -36,15 +36,25 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     sys.path.insert(0, str(ROOT))
 
+    from myxtts.startup_noise import quiet_tensorflow
+
+    quiet_tensorflow()
+    import tensorflow as tf
+
     from myxtts.config import load_config
+    from myxtts.data.audio import data_problem
     from myxtts.data.manifest import read_manifest
     from myxtts.evaluation import quality
     from myxtts.models.vocoder import VocoderMismatch, load_vocoder, waveform_maker
 
-    config = load_config(args.config)
-    rows = read_manifest(args.corpus)
     if args.clips < 1:
         parser.error("--clips must be at least 1")
+    try:
+        config = load_config(args.config)
+        rows = read_manifest(args.corpus)
+    except (FileNotFoundError, ValueError) as error:  # ConfigError is a ValueError
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     makers = {"Griffin-Lim": None}
     for folder in args.vocoder:  # every folder checked before minutes of measuring
         try:
@@ -63,7 +73,13 @@ def main(argv=None) -> int:
             print(f"\r{name}: {done}/{len(paths)} clips, ETA {elapsed / finished * (total - finished):.0f} s",
                   end="", file=sys.stderr, flush=True)
 
-        reports[name] = quality.measure_copy_synthesis(paths, config.data, vocoder=maker, progress=progress)
+        try:
+            reports[name] = quality.measure_copy_synthesis(paths, config.data, vocoder=maker, progress=progress)
+        except tf.errors.InvalidArgumentError as error:
+            if data_problem(error) is None:
+                raise
+            print(f"\nerror: {data_problem(error)}", file=sys.stderr)  # the reports above stay printed
+            return 2
         print(file=sys.stderr)
         print(reports[name].line(name))
     if args.json:

@@ -34,6 +34,9 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from myxtts.startup_noise import quiet_tensorflow
+
+    quiet_tensorflow()
     from myxtts.synthesis import Synthesizer
     from myxtts.training.checkpoints import CheckpointError
 

@@ -95,7 +95,7 @@ def locate_manifest(path: str | os.PathLike) -> tuple[str, str]:
     """
     path = os.path.abspath(os.fspath(path))
     if not os.path.exists(path):
-        raise FileNotFoundError(f"dataset path {path} does not exist; check the --input path")
+        raise FileNotFoundError(f"dataset path {path} does not exist (no such file or folder)")
     if os.path.isdir(path):
         metadata = os.path.join(path, METADATA_CSV)
         if os.path.isfile(metadata):
