@@ -71,16 +71,18 @@ def quiet_start(gpu_expected: bool):
             sys.stderr.flush()
 
 
-def quiet_tensorflow() -> None:
+def quiet_tensorflow():
     """For a command-line tool, before anything imports TensorFlow: its import and device start with
-    the noise above dropped, and its C++ info and warning lines off (TF_CPP_MIN_LOG_LEVEL 2, unless
-    the user set it). Errors still show."""
+    the noise above dropped, the DT_STRING notice said early, and its C++ info and warning lines off
+    (TF_CPP_MIN_LOG_LEVEL 2, unless the user set it). Errors still show. Returns the machine's facts
+    (`hardware.detect.detect_machine`), which it needed to know whether a GPU is expected."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     from myxtts.hardware.detect import detect_machine  # NVML only: no TensorFlow
 
-    with quiet_start(gpu_expected=bool(detect_machine().gpus)):
+    machine = detect_machine()
+    with quiet_start(gpu_expected=bool(machine.gpus)):
         import tensorflow as tf
 
         tf.config.list_logical_devices()
         say_string_notice()
-
+    return machine

@@ -205,4 +205,3 @@ def test_a_damaged_reference_clip_is_named_with_what_is_wrong_with_it(hello_synt
     message = str(raised.value)
     assert message.startswith("cannot use as a reference voice: damaged WAV") and str(damaged) in message, message
     assert "Graph execution error" not in message, message
-

@@ -79,4 +79,3 @@ def test_the_tools_name_a_missing_input_in_one_line_without_tensorflows_start_up
     lines = done.stderr.strip().splitlines()
     assert done.returncode == 2 and len(lines) == 1, done.stderr
     assert lines[0].startswith("error: ") and str(missing) in lines[0], lines
-

@@ -76,9 +76,10 @@ def main(argv=None) -> int:
         try:
             reports[name] = quality.measure_copy_synthesis(paths, config.data, vocoder=maker, progress=progress)
         except tf.errors.InvalidArgumentError as error:
-            if data_problem(error) is None:
+            problem = data_problem(error)
+            if problem is None:
                 raise
-            print(f"\nerror: {data_problem(error)}", file=sys.stderr)  # the reports above stay printed
+            print(f"\nerror: {problem}", file=sys.stderr)  # the reports above stay printed
             return 2
         print(file=sys.stderr)
         print(reports[name].line(name))

@@ -39,7 +39,6 @@ import argparse
 import dataclasses
 import json
 import math
-import os
 import sys
 import time
 import warnings
@@ -102,20 +101,15 @@ def main(argv=None) -> int:
         parser.error(f"--run {args.run}: not a training run folder (no config.yaml); pass train_main.py's --output-dir")
     sys.path.insert(0, str(ROOT))
 
-    from myxtts.hardware.detect import detect_machine
-    from myxtts.startup_noise import quiet_start, say_string_notice
+    from myxtts.startup_noise import quiet_tensorflow
 
-    # TensorFlow's start-up lines that read as errors on a healthy machine (startup_noise.py), and the
-    # DT_STRING notice the first TensorBoard audio sample would print mid-run; errors still show.
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     # Keras warns that `shuffle` is ignored for datasets: the pipeline shuffles its own.
     warnings.filterwarnings("ignore", message=".*shuffle=True.*was passed.*")
-    machine = detect_machine()
-    with quiet_start(gpu_expected=bool(machine.gpus)):
-        import keras
-        import tensorflow as tf
-
-        say_string_notice()
+    # TensorFlow's start-up lines that read as errors on a healthy machine (startup_noise.py), and the
+    # DT_STRING notice the first TensorBoard audio sample would print mid-run; errors still show.
+    machine = quiet_tensorflow()
+    import keras
+    import tensorflow as tf
 
     from myxtts.config import ConfigError
     from myxtts.data.audio import data_problem
