@@ -79,3 +79,17 @@ def test_the_tools_name_a_missing_input_in_one_line_without_tensorflows_start_up
     lines = done.stderr.strip().splitlines()
     assert done.returncode == 2 and len(lines) == 1, done.stderr
     assert lines[0].startswith("error: ") and str(missing) in lines[0], lines
+
+
+def test_the_tools_set_gpu_memory_growth_before_the_runtime_starts(monkeypatch):
+    """Growth can only be set before TensorFlow's runtime starts, which the first op does (the
+    string notice); a tool beside a training run must not reserve the whole card."""
+    from myxtts import startup_noise
+    from myxtts.hardware import gpu_memory
+
+    calls = []
+    monkeypatch.setattr(gpu_memory, "allow_memory_growth", lambda *a, **k: calls.append("growth"))
+    monkeypatch.setattr(startup_noise, "say_string_notice", lambda: calls.append("first op"))
+    startup_noise.quiet_tensorflow()
+    assert calls == ["growth", "first op"]
+
