@@ -71,19 +71,25 @@ def quiet_start(gpu_expected: bool):
             sys.stderr.flush()
 
 
+def start_tensorflow(gpu_expected: bool, echo=print) -> None:
+    """TensorFlow's runtime started quietly: GPU memory growth first (it can only be set before the
+    start, and a run must not reserve the whole card; `hardware.gpu_memory`), then its first op,
+    the string notice's (above), which starts it (and on a machine without a GPU, cuInit fails)."""
+    from myxtts.hardware.gpu_memory import allow_memory_growth
+
+    with quiet_start(gpu_expected):
+        allow_memory_growth(echo)  # imports TensorFlow; listing devices does not start it
+        say_string_notice()
+
+
 def quiet_tensorflow():
-    """For a command-line tool, before anything imports TensorFlow: its import and runtime start with
-    the noise above dropped, the DT_STRING notice said early, and its C++ info and warning lines off
-    (TF_CPP_MIN_LOG_LEVEL 2, unless the user set it). Errors still show. GPU memory growth is set
-    first, as training sets it (`hardware.gpu_memory`): the runtime starts here, after which it cannot
-    be, and a tool beside a training run must not reserve the whole card. Returns the machine's facts
-    (`hardware.detect.detect_machine`), which it needed to know whether a GPU is expected."""
+    """For a command-line tool, before anything imports TensorFlow: `start_tensorflow`, with its C++
+    info and warning lines off (TF_CPP_MIN_LOG_LEVEL 2, unless the user set it). Errors still show.
+    Returns the machine's facts (`hardware.detect.detect_machine`), which it needed to know whether
+    a GPU is expected."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    from myxtts.hardware import gpu_memory
     from myxtts.hardware.detect import detect_machine  # NVML only: no TensorFlow
 
     machine = detect_machine()
-    with quiet_start(gpu_expected=bool(machine.gpus)):
-        gpu_memory.allow_memory_growth()  # imports TensorFlow; listing devices does not start it
-        say_string_notice()  # its first op: the runtime starts (and on a machine without a GPU, cuInit fails)
+    start_tensorflow(gpu_expected=bool(machine.gpus))
     return machine

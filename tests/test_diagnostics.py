@@ -342,6 +342,7 @@ def test_memory_growth_is_set_for_every_gpu_and_a_started_runtime_is_reported():
 
 def test_the_diagnosis_enables_memory_growth_before_any_gpu_work(monkeypatch):
     from myxtts.diagnostics import training_setup
+    from myxtts.hardware import gpu_memory
     from myxtts.training import run_setup
 
     order = []
@@ -355,7 +356,7 @@ def test_the_diagnosis_enables_memory_growth_before_any_gpu_work(monkeypatch):
 
     # Reading the machine's facts (NVML, /proc) comes first: it starts no TensorFlow runtime, and the
     # persistent XLA cache is set from them before the runtime starts (run_setup.resolve_plan).
-    monkeypatch.setattr(run_setup, "allow_memory_growth", lambda echo: order.append("growth"))
+    monkeypatch.setattr(gpu_memory, "allow_memory_growth", lambda echo: order.append("growth"))
     monkeypatch.setattr(run_setup, "plan_for_machine", plan_for_machine)
     with pytest.raises(Stop):
         training_setup.prepare_run(load_config())

@@ -251,6 +251,7 @@ def test_the_batch_probe_measures_the_step_of_the_chosen_route(monkeypatch, demo
     # mel_on_device puts waveforms and the STFT in the step: the GPU batch must be probed with them.
     from myxtts.config import load_config
     from myxtts.diagnostics import alignment_timing, capacity
+    from myxtts.hardware import gpu_memory
     from myxtts.training import run_setup
 
     class Probed(Exception):
@@ -260,7 +261,7 @@ def test_the_batch_probe_measures_the_step_of_the_chosen_route(monkeypatch, demo
         raise Probed(config.data.mel_on_device)
 
     h100 = MachineFacts(gpus=(gpu_facts_for(device_by_key("H100")),), usable_cpu_cores=16, ram_bytes=64 * 2**30)
-    monkeypatch.setattr(run_setup, "allow_memory_growth", lambda echo: None)
+    monkeypatch.setattr(gpu_memory, "allow_memory_growth", lambda echo: None)
     monkeypatch.setattr(run_setup, "detect_machine", lambda: h100)
     monkeypatch.setattr(capacity, "host_calibration",
                         lambda config, progress: record(on_the_fly=10.0, cached=20.0, mel_on_device=1e7))

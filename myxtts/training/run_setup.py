@@ -36,14 +36,13 @@ from myxtts.hardware.batch_plan import BatchPlan
 from myxtts.hardware.cpu_precision import probe_cpu_precision
 from myxtts.hardware.detect import MachineFacts, detect_machine
 from myxtts.hardware.devices import device_for_gpu_name
-from myxtts.hardware.gpu_memory import allow_memory_growth
 from myxtts.hardware.loop_cost import FALLBACK as FALLBACK_LOOP_COST
 from myxtts.hardware.plan import Plan, RequestedSettings, plan_for_machine
 from myxtts.hardware.probe_runner import probe_batch_size
 from myxtts.hardware.report import short_summary
 from myxtts.models.alignment import AlignmentLoops
 from myxtts.hardware.probe import default_cache_dir
-from myxtts.startup_noise import quiet_start, say_string_notice
+from myxtts.startup_noise import start_tensorflow
 from myxtts.training import batch_probe, distribute, precision_probe, xla_cache
 from myxtts.training.callbacks import console_echo
 from myxtts.training.checkpoints import CheckpointError
@@ -70,9 +69,7 @@ def resolve_plan(config: Config, echo=console_echo) -> tuple[Config, str, Plan]:
     t, d = config.training, config.data
     facts = detect_machine()  # NVML and /proc: TensorFlow's runtime has not started yet
     _persistent_xla_cache(config, facts, echo)  # before it starts: it reads TF_XLA_FLAGS then
-    with quiet_start(gpu_expected=bool(facts.gpus)):  # the runtime's first device listing: cuInit
-        allow_memory_growth(echo)
-        say_string_notice()  # the oneDNN notice the first TensorBoard audio would print mid-run
+    start_tensorflow(gpu_expected=bool(facts.gpus), echo=echo)  # and the notice a TensorBoard audio would print mid-run
     plan = plan_for_machine(
         facts,
         model_size=config.model.size,
