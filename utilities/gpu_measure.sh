@@ -4,9 +4,10 @@
 #
 #   bash utilities/gpu_measure.sh loops            # the alignment's loops per frame, graph-mode steps,
 #                                                  # one XLA step's compile (default flags vs parallel)
-#   bash utilities/gpu_measure.sh demo xla 540     # train_main.py --demo as a user gets it (XLA + bf16);
+#   bash utilities/gpu_measure.sh demo xla 540     # train_main.py --demo with XLA forced (and bf16);
 #                                                  # its log has the loops timed at start and the plan
-#   bash utilities/gpu_measure.sh demo graph 360   # the same without XLA (the loops compiled alone)
+#   bash utilities/gpu_measure.sh demo graph 360   # the same without XLA (the loops compiled alone);
+#                                                  # demo auto: XLA or not as the hardware plan picks
 #   bash utilities/gpu_measure.sh diagnose 200     # utilities/diagnose_gpu_bottleneck.py on the demo
 #   bash utilities/gpu_measure.sh vocoder 360      # the vocoder's XLA update in float32 and bf16, then
 #                                                  # train_vocoder.py as a user gets it (XLA, bf16)
@@ -46,11 +47,12 @@ loops)
   gzip -f "$out/compile_default.log" "$out/compile_parallel.log"
   ;;
 demo)
-  route=${2:-xla}; limit=${3:-540}; set_xla=true; [ "$route" = graph ] && set_xla=false
+  # route: xla or graph forces it; auto leaves it to the hardware plan, as a user gets it
+  route=${2:-xla}; limit=${3:-540}; xla=(--set training.enable_xla_compilation=true)
+  [ "$route" = graph ] && xla=(--set training.enable_xla_compilation=false); [ "$route" = auto ] && xla=()
   smi=$(sample_gpu "$out/demo_${route}_gpu.csv")
   SECONDS=0
-  timeout "$limit" python3 train_main.py --demo --output-dir "/root/runs/demo_$route" \
-    --set "training.enable_xla_compilation=$set_xla" > "$out/demo_$route.log" 2>&1
+  timeout "$limit" python3 train_main.py --demo --output-dir "/root/runs/demo_$route" "${xla[@]}" > "$out/demo_$route.log" 2>&1
   echo "demo ($route) rc=$? after ${SECONDS}s"; kill "$smi" 2>/dev/null
   grep -vE "ptxas|^W0|^I0" "$out/demo_$route.log" | grep -E "^(step|hardware|plan|probe|compile|data|val|train|saved|done|alignment loops|input route)|WER|rror|took|compil" | tail -40
   awk -F', ' '{gsub(/ %/,"",$2); if ($2+0 > 0) {n++; s+=$2}} END {if (n) printf "GPU busy: mean %.0f%% over %d busy seconds\n", s/n, n}' "$out/demo_${route}_gpu.csv"
@@ -75,10 +77,7 @@ first)
   python3 -m myxtts.hardware > "$out/hardware.txt" 2>&1; grep -iE "gpu|precision|xla" "$out/hardware.txt" | head -8
   [ -f demo_corpus/manifest.jsonl ] || python3 utilities/make_demo_corpus.py --quiet
   timeout 150 python3 utilities/benchmark_alignment.py --blocks 1,16 --repeats 5 2>&1 | grep -v "^W0\|ptxas\|^I0" | tee "$out/alignment.txt"
-  smi=$(sample_gpu "$out/demo_gpu.csv"); SECONDS=0
-  timeout 420 python3 train_main.py --demo --output-dir /root/runs/demo > "$out/demo.log" 2>&1
-  echo "demo rc=$? after ${SECONDS}s"; kill "$smi" 2>/dev/null
-  grep -vE "ptxas|^W0|^I0" "$out/demo.log" | grep -E "^(step|hardware|plan|probe|compile|val|saved|done|alignment loops|input route)|WER|rror|took|compil" | tail -40
+  bash "$0" demo auto 420
   ;;
 *) echo "unknown part: $part (first, loops, demo, diagnose, vocoder)"; exit 2 ;;
 esac
