@@ -180,6 +180,47 @@ def test_the_compressed_spectrum_loss_sees_the_phase_the_magnitude_losses_miss()
     assert float(turned) > 10 * float(halved) > 0.0
 
 
+def test_the_phase_angle_losses_wrap_and_tell_a_constant_turn_from_a_scrambled_phase():
+    from myxtts.config import DataConfig
+    from myxtts.models.vocoder import phase_angle_losses
+
+    c = DataConfig()
+    rng = np.random.default_rng(2)
+    target = griffin_lim.stft(tf.constant(rng.normal(0, 0.1, (2, 31 * c.hop_length)).astype(np.float32)), c)
+    angle = tf.math.angle(target)
+
+    def losses(predicted):
+        return {name: float(value) for name, value in phase_angle_losses(target, tf.cos(predicted), tf.sin(predicted)).items()}
+
+    for name, value in losses(angle + 2.0 * np.pi).items():  # a whole turn more is the same phase
+        assert value == pytest.approx(0.0, abs=1e-4), name
+    # Every bin turned by 90 degrees: the angle is pi/2 off, its differences across bins and frames are not.
+    turned = losses(angle + np.pi / 2)
+    assert turned["instantaneous"] == pytest.approx(np.pi / 2, abs=1e-3)
+    assert turned["group_delay"] == pytest.approx(0.0, abs=1e-3) and turned["frequency"] == pytest.approx(0.0, abs=1e-3)
+    # A random phase: every term near the mean distance of two random angles, pi/2.
+    scrambled = losses(tf.constant(rng.uniform(-np.pi, np.pi, angle.shape).astype(np.float32)))
+    for name, value in scrambled.items():
+        assert value == pytest.approx(np.pi / 2, abs=0.1), name
+
+
+def test_a_tiny_vocoder_trained_with_the_phase_angle_losses_brings_them_down(waveform_batch):
+    c, batch = waveform_batch
+    keras.utils.set_random_seed(0)
+    trainer = VocoderTrainer(Vocoder(c, size="tiny"), segment_frames=16, phase_angle_weight=1.0)
+    trainer.compile(optimizer=keras.optimizers.Adam(3e-3))
+    segment = random_segments(batch["audio"], batch["mel_length"], 16, c.hop_length, seed=4)
+    before = float(trainer.segment_losses(segment)["phase_angle_loss"])
+    for _ in range(30):
+        with tf.GradientTape() as tape:
+            loss = trainer.segment_losses(segment, training=True)["loss"]
+        variables = trainer.vocoder.trainable_variables
+        trainer.optimizer.apply(tape.gradient(loss, variables), variables)
+    after = trainer.segment_losses(segment)
+    assert np.isfinite(float(after["loss"]))
+    assert float(after["phase_angle_loss"]) < 0.9 * before, (before, float(after["phase_angle_loss"]))
+
+
 def test_a_segment_of_the_mel_is_the_mel_of_the_segment_of_the_waveform(waveform_batch):
     """Training on given mels (the acoustic model's own) pairs frames with samples: frame t of a clip
     must be frame t - start of the waveform segment from sample start * hop."""

@@ -75,6 +75,9 @@ def main(argv=None) -> int:
     parser.add_argument("--learning-rate", type=float, default=1e-3)
     parser.add_argument("--phase-weight", type=float, default=0.0,
                         help="weight of a loss on the compressed complex spectrum, which sees the phase (0: off)")
+    parser.add_argument("--phase-angle-weight", type=float, default=0.0,
+                        help="weight of APNet's anti-wrapping losses on the phase angle and its differences across "
+                             "bins and frames (0: off)")
     parser.add_argument("--adversarial-weight", type=float, default=0.0,
                         help="weight of a spectrogram discriminator's losses (0: none; about 0.02 is HiFi-GAN's ratio to "
                              "the mel loss); best from a trained vocoder (--init-from)")
@@ -208,6 +211,7 @@ def train(args, machine) -> int:
             done = (epoch + 1) * interval
             rate = (time.monotonic() - self.started) / max(done - self.first, 1)
             phase = f" phase {logs['phase_loss']:.3f}" if "phase_loss" in logs else ""
+            phase += f" angle {logs['phase_angle_loss']:.3f}" if "phase_angle_loss" in logs else ""
             if "adversarial_loss" in logs:
                 phase += (f" adversarial {logs['adversarial_loss']:.3f} feature {logs['feature_loss']:.3f}"
                           f" discriminator {logs['discriminator_loss']:.3f}")
@@ -275,7 +279,7 @@ def build_trainer(args, config, policy: str, strategy):
         optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
         critic_optimizer = keras.optimizers.LossScaleOptimizer(critic_optimizer)
     trainer = VocoderTrainer(vocoder, segment_frames=args.segment_frames, phase_weight=args.phase_weight,
-                             adversarial_weight=args.adversarial_weight,
+                             phase_angle_weight=args.phase_angle_weight, adversarial_weight=args.adversarial_weight,
                              discriminator_optimizer=distribute.prepare_optimizer(critic_optimizer, strategy))
     # XLA cannot compile a step whose variables live on several devices (training/distribute.py).
     jit_compile = distribute.xla_allowed(strategy) and (

@@ -33,6 +33,7 @@ BENCHMARKS.md, "Sound quality", has what it measures against Griffin-Lim.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import keras
@@ -107,6 +108,12 @@ class Vocoder(keras.Model):
     def spectrum(self, log_mel, training=False):
         """The frames' spectrum as (real, imaginary) float32 [B, T, bins]: what `call` inverts. Kept
         real so that the TFLite export (no complex kernels there) inverts it with DFT matrices."""
+        magnitude, cosine, sine = self.polar(log_mel, training=training)
+        return magnitude * cosine, magnitude * sine
+
+    def polar(self, log_mel, training=False):
+        """(magnitude, cos phase, sin phase), float32 [B, T, bins] each: the spectrum in polar form, so
+        that a loss on the phase angle need not divide by a magnitude that may be ~0."""
         log_mel = tf.cast(log_mel, tf.float32)
         prior = mel_to_magnitude(log_mel, self.data_config)  # [B, T, bins], >= 0
         x = self.embed(tf.cast(log_mel, self.compute_dtype))
@@ -117,7 +124,7 @@ class Vocoder(keras.Model):
         magnitude = tf.exp(tf.minimum(log_magnitude, _MAX_LOG_MAGNITUDE))
         real, imaginary = tf.split(tf.cast(self.phase_head(x), tf.float32), 2, axis=-1)
         norm = tf.maximum(tf.sqrt(real * real + imaginary * imaginary), 1e-6)
-        return magnitude * real / norm, magnitude * imaginary / norm
+        return magnitude, real / norm, imaginary / norm
 
 
 # A vocoder folder (utilities/train_vocoder.py's --output-dir, or RUN/vocoder): the weights, and what
@@ -211,6 +218,29 @@ def compressed_spectrum_loss(target, real, imaginary, power: float = 0.3) -> tf.
     target_real, target_imaginary = compressed(tf.stop_gradient(target_real), tf.stop_gradient(target_imaginary))
     real, imaginary = compressed(real, imaginary)
     return tf.reduce_mean(tf.square(real - target_real) + tf.square(imaginary - target_imaginary))
+
+
+def anti_wrapped(x) -> tf.Tensor:
+    """|x| after wrapping x into [-pi, pi]: the distance of two angles whose difference is x."""
+    turn = 2.0 * math.pi
+    return tf.abs(x - turn * tf.round(x / turn))
+
+
+def phase_angle_losses(target, cosine, sine) -> dict:
+    """APNet's (Ai & Ling 2023) anti-wrapping losses between the phase of the complex spectrum `target`
+    and the predicted one (cos, sin) [B, T, bins]: the angle itself ("instantaneous"), its difference
+    between neighbouring bins ("group_delay") and between neighbouring frames ("frequency"), each a mean
+    over frames and bins. The magnitude losses see the phase only through what the overlap-add makes of
+    it; these see it directly, which FreeV and APNet found is what makes phase prediction learn fast."""
+    truth = tf.stop_gradient(tf.math.angle(target))
+    predicted = tf.math.atan2(sine, cosine)
+    return {
+        "instantaneous": tf.reduce_mean(anti_wrapped(predicted - truth)),
+        "group_delay": tf.reduce_mean(anti_wrapped(tf.experimental.numpy.diff(predicted, axis=-1)
+                                                   - tf.experimental.numpy.diff(truth, axis=-1))),
+        "frequency": tf.reduce_mean(anti_wrapped(tf.experimental.numpy.diff(predicted, axis=-2)
+                                                 - tf.experimental.numpy.diff(truth, axis=-2))),
+    }
 
 
 def random_segments(waveforms, mel_length, segment_frames: int, hop_length: int, seed=None) -> tf.Tensor:

@@ -12,7 +12,8 @@ import tensorflow as tf
 from myxtts.data import audio
 from myxtts.models.griffin_lim import istft, stft
 from myxtts.models.vocoder import (SpectrogramDiscriminator, Vocoder, adversarial_losses, compressed_spectrum_loss,
-                                   mel_segments, multi_resolution_stft_loss, segment_starts, waveform_segments)
+                                   mel_segments, multi_resolution_stft_loss, phase_angle_losses, segment_starts,
+                                   waveform_segments)
 from myxtts.training.distribute import all_reduce_mean, reducible_logs
 from myxtts.training.step import applied, loss_scale
 
@@ -29,14 +30,17 @@ class VocoderTrainer(keras.Model):
     feature matching : mel L1) are about 0.02 here."""
 
     def __init__(self, vocoder: Vocoder, segment_frames: int = 32, phase_weight: float = 0.0,
-                 adversarial_weight: float = 0.0, discriminator_optimizer=None, **kwargs):
+                 adversarial_weight: float = 0.0, discriminator_optimizer=None, phase_angle_weight: float = 0.0,
+                 **kwargs):
         super().__init__(**kwargs)
         self.vocoder, self.segment_frames, self.phase_weight = vocoder, segment_frames, phase_weight
+        self.phase_angle_weight = phase_angle_weight
         self.adversarial_weight = adversarial_weight
         if adversarial_weight:
             self.discriminator = SpectrogramDiscriminator(name="discriminator")
             self.discriminator_optimizer = discriminator_optimizer or keras.optimizers.AdamW(2e-4, beta_1=0.8, beta_2=0.99)
         names = (("loss", "mel_loss", "stft_loss") + (("phase_loss",) if phase_weight else ())
+                 + (("phase_angle_loss",) if phase_angle_weight else ())
                  + (("adversarial_loss", "feature_loss", "discriminator_loss") if adversarial_weight else ()))
         self.trackers = {name: keras.metrics.Mean(name=name) for name in names}
         # Updates skipped since the last finite one (int64: TensorFlow keeps int32 variables on the host).
@@ -73,7 +77,8 @@ class VocoderTrainer(keras.Model):
         same stretch) back into it."""
         c = self.vocoder.data_config
         target_mel = audio.log_mel(segment, c)  # [B, frames, n_mels]
-        real, imaginary = self.vocoder.spectrum(target_mel if input_mel is None else input_mel, training=training)
+        magnitude, cosine, sine = self.vocoder.polar(target_mel if input_mel is None else input_mel, training=training)
+        real, imaginary = magnitude * cosine, magnitude * sine
         predicted = istft(tf.complex(real, imaginary), c)
         mel_loss = tf.reduce_mean(tf.abs(audio.log_mel(predicted, c) - target_mel))
         stft_loss = multi_resolution_stft_loss(segment, predicted)
@@ -82,6 +87,10 @@ class VocoderTrainer(keras.Model):
             # The frames' spectrum against the segment's own, frame for frame (the same framing).
             losses["phase_loss"] = compressed_spectrum_loss(stft(segment, c), real, imaginary)
             losses["loss"] += self.phase_weight * losses["phase_loss"]
+        if self.phase_angle_weight:
+            # The same framing again: frame t of the segment's STFT is the frame the vocoder predicted.
+            losses["phase_angle_loss"] = tf.add_n(list(phase_angle_losses(stft(segment, c), cosine, sine).values()))
+            losses["loss"] += self.phase_angle_weight * losses["phase_angle_loss"]
         if self.adversarial_weight:
             adversarial = adversarial_losses(self.discriminator(segment), self.discriminator(predicted))
             losses.update({f"{name}_loss": value for name, value in adversarial.items()})
