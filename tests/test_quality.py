@@ -88,3 +88,22 @@ def test_measure_quality_refuses_a_vocoder_of_other_features_before_measuring(de
     assert measure_quality.main(["--corpus", str(demo_corpus), "--vocoder", str(tmp_path / "vocoder")]) == 2
     captured = capsys.readouterr()
     assert "data.n_mels: vocoder 64, run 80" in captured.err and captured.out == ""
+
+
+def test_the_spectrum_mixes_give_the_clip_back_and_a_true_phase_beats_griffin_lims(copy):
+    from myxtts.models.vocoder import Vocoder
+
+    data = load_config().data
+    untrained = Vocoder(data, size="tiny")  # speaks the prior magnitude at phase zero
+    mixes = quality.spectrum_mixes(copy.recording, data, vocoder=untrained)
+    assert set(mixes) == {f"{m} magnitude, {p} phase" for m in ("prior", "true", "vocoder") for p in ("Griffin-Lim", "true")} | {
+        f"{m} magnitude, vocoder phase" for m in ("prior", "true", "vocoder")}
+    itself = mixes["true magnitude, true phase"]
+    np.testing.assert_allclose(itself, copy.recording[: len(itself)], atol=1e-4)
+    np.testing.assert_allclose(mixes["vocoder magnitude, true phase"], mixes["prior magnitude, true phase"], atol=1e-3)
+
+    def score(name):
+        return quality.stoi(copy.recording[: len(mixes[name])], mixes[name], copy.sample_rate)
+
+    # The mel's own magnitude with the clip's phase beats it with Griffin-Lim's (0.995 against 0.966 on 10 demo clips).
+    assert score("prior magnitude, true phase") > score("prior magnitude, Griffin-Lim phase") + 0.01

@@ -47,6 +47,43 @@ def copy_synthesis(path: str, data_config, vocoder=None) -> CopySynthesis:
     return CopySynthesis(recording[:n], vocoded[:n], data_config.sample_rate)
 
 
+def spectrum_mixes(recording, data_config, vocoder=None, iterations: int = 32) -> dict:
+    """Where copy-synthesis loses quality, the magnitude or the phase: `recording` [n] (as `copy_synthesis`
+    makes it) rebuilt from mixes of a magnitude (the log-mel's pseudo-inverse "prior", the recording's
+    own "true", the `Vocoder`'s) and a phase (Griffin-Lim's from random, `iterations` of them; the
+    recording's own; the vocoder's), by the exact inverse STFT. {name: samples float32 [n']}, n' <= n.
+
+    The true phase on the prior magnitude is the most any phase can do for the mel's own magnitude; the
+    true magnitude with Griffin-Lim's phase the most any magnitude can do without a better phase."""
+    import tensorflow as tf
+
+    from myxtts.data import audio
+    from myxtts.models.griffin_lim import griffin_lim, istft, mel_to_magnitude, stft
+
+    recording = tf.convert_to_tensor(recording, tf.float32)
+    log_mel = audio.log_mel(recording, data_config)
+    true = stft(recording, data_config)[: tf.shape(log_mel)[0]]
+
+    def unit(z):
+        return z / tf.cast(tf.maximum(tf.abs(z), 1e-8), tf.complex64)
+
+    def rebuilt(magnitude, phase):
+        return istft(tf.cast(magnitude, tf.complex64) * phase, data_config)
+
+    magnitudes = {"prior": mel_to_magnitude(log_mel, data_config), "true": tf.abs(true)}
+    phases = {"true": unit(true)}
+    if vocoder is not None:
+        real, imaginary = vocoder.spectrum(log_mel[None])
+        spectrum = tf.complex(real[0], imaginary[0])
+        magnitudes["vocoder"], phases["vocoder"] = tf.abs(spectrum), unit(spectrum)
+    mixes = {}
+    for magnitude_name, magnitude in magnitudes.items():
+        mixes[f"{magnitude_name} magnitude, Griffin-Lim phase"] = griffin_lim(magnitude, data_config, iterations)
+        for phase_name, phase in phases.items():
+            mixes[f"{magnitude_name} magnitude, {phase_name} phase"] = rebuilt(magnitude, phase)
+    return {name: np.asarray(samples, np.float32) for name, samples in mixes.items()}
+
+
 def to_measure_rate(samples: np.ndarray, sample_rate: int) -> np.ndarray:
     import soxr
 

@@ -82,16 +82,19 @@ def _filterbank_inverse(sample_rate, n_fft, n_mels, fmin, fmax, htk):
     return filters.astype(np.float32), np.linalg.pinv(filters).astype(np.float32), np.float32(step)
 
 
-def griffin_lim(magnitude, data_config, iterations: int = 32, *, momentum: float = 0.99, seed: int = 0) -> tf.Tensor:
+def griffin_lim(magnitude, data_config, iterations: int = 32, *, momentum: float = 0.99, seed: int = 0,
+                phase=None) -> tf.Tensor:
     """Waveform [..., samples] whose STFT magnitude approximates `magnitude` [..., frames, bins].
 
     The fast variant (Perraudin et al. 2013): each phase estimate is pushed past the previous one
     by `momentum`, which converges in far fewer iterations than plain Griffin-Lim; 0 is plain.
+    `phase` (complex, unit modulus, shaped like `magnitude`) starts it instead of `seed`'s random one.
     """
     magnitude = tf.convert_to_tensor(magnitude, tf.float32)
-    angles = initial_angles(magnitude, seed)
+    if phase is None:
+        angles = initial_angles(magnitude, seed)
+        phase = tf.exp(tf.complex(tf.zeros_like(angles), angles))
     magnitude = tf.cast(magnitude, tf.complex64)
-    phase = tf.exp(tf.complex(tf.zeros_like(angles), angles))
     previous = tf.zeros_like(phase)
     factor = tf.complex(momentum / (1.0 + momentum), 0.0)
 
