@@ -75,6 +75,9 @@ def main(argv=None) -> int:
     parser.add_argument("--learning-rate", type=float, default=1e-3)
     parser.add_argument("--phase-weight", type=float, default=0.0,
                         help="weight of a loss on the compressed complex spectrum, which sees the phase (0: off)")
+    parser.add_argument("--phase-prior", choices=("none", "griffin-lim"), default=None,
+                        help="what the vocoder's phase turns: none (phase zero, default) or griffin-lim (the phase 32 "
+                             "iterations of Griffin-Lim find, computed once per training clip); default: --init-from's")
     parser.add_argument("--phase-angle-weight", type=float, default=0.0,
                         help="weight of APNet's anti-wrapping losses on the phase angle and its differences across "
                              "bins and frames (0: off)")
@@ -142,7 +145,8 @@ def train(args, machine) -> int:
     from myxtts.data.splits import load_splits
     from myxtts.evaluation import quality
     from myxtts.hardware.plan import vocoder_precision
-    from myxtts.models.vocoder import load_vocoder, save_vocoder, teacher_forced_mels
+    from myxtts.models.vocoder import (SETTINGS_FILE, load_vocoder, recorded_mels, save_vocoder, teacher_forced_mels,
+                                       with_griffin_lim_phase)
     from myxtts.synthesis import GRIFFIN_LIM, RUN_VOCODER, Synthesizer
     from myxtts.training import distribute
     from myxtts.training.callbacks import VocoderSamples, optimizer_step
@@ -161,6 +165,14 @@ def train(args, machine) -> int:
                                                  *args.set])
     train_rows, val_rows = load_splits(config)
     keras.utils.set_random_seed(config.seed)
+    if args.init_from and (Path(args.init_from) / SETTINGS_FILE).is_file():
+        started_from = json.loads((Path(args.init_from) / SETTINGS_FILE).read_text(encoding="utf-8")).get("phase_prior", "none")
+        if args.phase_prior not in (None, started_from):
+            raise ValueError(f"--phase-prior {args.phase_prior}: --init-from {args.init_from} was trained with "
+                             f"{started_from!r}; drop --phase-prior or start from scratch")
+        args.phase_prior = started_from
+    args.phase_prior = args.phase_prior or "none"
+    clips = None
     if args.aligned_mels:
         from myxtts.training.run_setup import prepare_run
 
@@ -169,9 +181,25 @@ def train(args, machine) -> int:
         text = prepare_run(config, args.run, resume="require", echo=lambda message: None).text  # rows as training read them
         batches = Epochs(config, text.train_rows, training=False, vocabulary=text.vocabulary).one_pass()
         clips = teacher_forced_mels(network, batches, config.data)
-        count = int(clips["mel_length"].shape[0])
-        print(f"the run's own mels of {count} training clips, teacher-forced on their recordings' alignment: "
+        print(f"the run's own mels of {int(clips['mel_length'].shape[0])} training clips, teacher-forced on their recordings' alignment: "
               f"{time.monotonic() - started:.0f} s")
+
+    elif args.phase_prior == "griffin-lim":  # the clips held in memory, each with its phase found once
+        vocabulary = build_vocabulary(train_rows + val_rows, config.data)
+        clips = recorded_mels(Epochs(config, train_rows, training=False, vocabulary=vocabulary).one_pass(), config.data)
+    if clips is not None:
+        count = int(clips["mel_length"].shape[0])
+        if args.phase_prior == "griffin-lim":
+            started = time.monotonic()
+
+            def progress(done, total):
+                eta = (time.monotonic() - started) / done * (total - done)
+                print(f"\rGriffin-Lim's phase of the training clips: {done}/{total}, ETA {eta:.0f} s", end="",
+                      file=sys.stderr, flush=True)
+
+            clips = with_griffin_lim_phase(clips, config.data, progress)
+            print(file=sys.stderr)
+            print(f"Griffin-Lim's phase of {count} training clips: {time.monotonic() - started:.0f} s")
 
         def shard_stream(batch, shard, shards):
             return (tf.data.Dataset.from_tensor_slices(clips).shard(shards, shard).shuffle(count, seed=config.seed)
@@ -189,13 +217,14 @@ def train(args, machine) -> int:
     with distribute.training_scope(strategy):  # every variable, mirrored on each GPU with several
         trainer, jit_compile = build_trainer(args, config, policy, strategy)
     vocoder = trainer.vocoder
-    check_backup(out / "backup", {"size": vocoder.size, "discriminator": bool(args.adversarial_weight),
+    check_backup(out / "backup", {"size": vocoder.size, "phase_prior": vocoder.phase_prior, "discriminator": bool(args.adversarial_weight),
                                   "loss_scaling": policy == "mixed_float16", "accumulation": args.accumulation})
     critic = (f"; a spectrogram discriminator ({trainer.discriminator.count_params():,} parameters) at weight "
               f"{args.adversarial_weight}" if args.adversarial_weight else "")
     batch = (f"batch {args.batch_size}" + (f" x {replicas} GPUs" if replicas > 1 else "")
              + (f" x {args.accumulation} accumulated" if args.accumulation > 1 else ""))
-    print(f"vocoder {vocoder.size}: {vocoder.count_params():,} parameters; "
+    prior = ", turning Griffin-Lim's phase" if vocoder.phase_prior == "griffin-lim" else ""
+    print(f"vocoder {vocoder.size}: {vocoder.count_params():,} parameters{prior}; "
           f"{len(train_rows)} training clips, segments of {args.segment_frames} frames, {batch}{critic}; "
           f"{'XLA' if jit_compile else 'graph mode'}; {policy} ({policy_reason})")
 
@@ -265,7 +294,7 @@ def build_trainer(args, config, policy: str, strategy):
         vocoder = load_vocoder(args.init_from, config.data, policy=policy)
         print(f"starting from {args.init_from} ({vocoder.size})")
     else:
-        vocoder = Vocoder(config.data, size=args.size)
+        vocoder = Vocoder(config.data, size=args.size, phase_prior=args.phase_prior)
     accumulate = args.accumulation if args.accumulation > 1 else None
     critic_optimizer = keras.optimizers.AdamW(args.discriminator_learning_rate, beta_1=0.8, beta_2=0.99, weight_decay=0.01,
                                               global_clipnorm=1.0, gradient_accumulation_steps=accumulate)

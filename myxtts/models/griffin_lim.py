@@ -90,6 +90,13 @@ def griffin_lim(magnitude, data_config, iterations: int = 32, *, momentum: float
     by `momentum`, which converges in far fewer iterations than plain Griffin-Lim; 0 is plain.
     `phase` (complex, unit modulus, shaped like `magnitude`) starts it instead of `seed`'s random one.
     """
+    phase = griffin_lim_phase(magnitude, data_config, iterations, momentum=momentum, seed=seed, phase=phase)
+    return istft(tf.cast(magnitude, tf.complex64) * phase, data_config)
+
+
+def griffin_lim_phase(magnitude, data_config, iterations: int = 32, *, momentum: float = 0.99, seed: int = 0,
+                      phase=None) -> tf.Tensor:
+    """The phase `griffin_lim` ends with: complex64 of modulus 1, shaped like `magnitude`."""
     magnitude = tf.convert_to_tensor(magnitude, tf.float32)
     if phase is None:
         angles = initial_angles(magnitude, seed)
@@ -104,7 +111,7 @@ def griffin_lim(magnitude, data_config, iterations: int = 32, *, momentum: float
         return i + 1, pushed / tf.cast(tf.maximum(tf.abs(pushed), 1e-8), tf.complex64), rebuilt
 
     _, phase, _ = tf.while_loop(lambda i, *_: i < iterations, body, (tf.constant(0), phase, previous))
-    return istft(magnitude * phase, data_config)
+    return phase
 
 
 # Random initial phases come from one table, repeated along time for longer inputs: the same for a

@@ -39,10 +39,14 @@ from pathlib import Path
 import keras
 import tensorflow as tf
 
-from myxtts.models.griffin_lim import istft, log_mel_to_audio, mel_to_magnitude
+from myxtts.models.griffin_lim import griffin_lim_phase, istft, log_mel_to_audio, mel_to_magnitude
 
 # (width, blocks): `tiny` for tests; `base` is Vocos' width with half its depth; `small` a quarter of its cost.
 VOCODER_SIZES = {"tiny": (32, 2), "small": (256, 4), "base": (512, 4)}
+# What the phase head turns: "none", phase zero (Vocos, FreeV); "griffin-lim", the phase that 32
+# iterations of Griffin-Lim find for the prior magnitude (`utilities/magnitude_or_phase.py` measured the
+# phase as where a young vocoder loses most against Griffin-Lim; BENCHMARKS.md, "Sound quality").
+PHASE_PRIORS = ("none", "griffin-lim")
 # Log magnitudes are clipped here before exp: a wild early update must not overflow the spectrum.
 _MAX_LOG_MAGNITUDE = 8.0
 
@@ -72,16 +76,20 @@ class ConvNeXtBlock(keras.layers.Layer):
 class Vocoder(keras.Model):
     """log-mel [B, T, n_mels] (as `audio.log_mel` makes it) -> waveform [B, (T - 1) * hop_length]."""
 
-    def __init__(self, data_config, size: str = "base", **kwargs):
+    def __init__(self, data_config, size: str = "base", phase_prior: str = "none", **kwargs):
         # Under a mixed policy Keras would cast the float32 log-mel to bf16 on the way in; the prior
         # magnitude is computed from it in float32 (`spectrum`), and each layer casts for itself.
         super().__init__(autocast=False, **kwargs)
         if size not in VOCODER_SIZES:
             raise ValueError(f"vocoder size {size!r}: one of {', '.join(VOCODER_SIZES)}")
+        if phase_prior not in PHASE_PRIORS:
+            raise ValueError(f"vocoder phase prior {phase_prior!r}: one of {', '.join(PHASE_PRIORS)}")
         dim, blocks = VOCODER_SIZES[size]
-        self.data_config, self.size, self.dim = data_config, size, dim
+        self.data_config, self.size, self.dim, self.phase_prior = data_config, size, dim, phase_prior
         self.bins = data_config.n_fft // 2 + 1
         self.embed = keras.layers.Conv1D(dim, 7, padding="same")
+        if phase_prior == "griffin-lim":  # what the network sees of the phase it turns (`phase_features`)
+            self.phase_embed = keras.layers.Dense(dim, name="phase_embed")
         self.blocks = [ConvNeXtBlock(dim, 1.0 / blocks, name=f"block_{i}") for i in range(blocks)]
         self.norm = keras.layers.LayerNormalization(epsilon=1e-6)
         self.magnitude_head = keras.layers.Dense(self.bins, kernel_initializer="zeros")
@@ -94,6 +102,8 @@ class Vocoder(keras.Model):
         shape = (None, None, self.data_config.n_mels)
         self.embed.build(shape)
         dim = self.dim
+        if self.phase_prior == "griffin-lim":
+            self.phase_embed.build((None, None, 4 * self.bins))
         for block in self.blocks:
             block.build((None, None, dim))
         self.norm.build((None, None, dim))
@@ -111,12 +121,22 @@ class Vocoder(keras.Model):
         magnitude, cosine, sine = self.polar(log_mel, training=training)
         return magnitude * cosine, magnitude * sine
 
-    def polar(self, log_mel, training=False):
+    def polar(self, log_mel, training=False, phase=None):
         """(magnitude, cos phase, sin phase), float32 [B, T, bins] each: the spectrum in polar form, so
-        that a loss on the phase angle need not divide by a magnitude that may be ~0."""
+        that a loss on the phase angle need not divide by a magnitude that may be ~0.
+
+        With the "griffin-lim" phase prior, `phase` (complex64 [B, T, bins], modulus 1) is the prior's
+        phase when the caller has it (training: computed once per clip, `with_griffin_lim_phase`);
+        None computes it here, over the frames given (synthesis: the whole utterance)."""
         log_mel = tf.cast(log_mel, tf.float32)
         prior = mel_to_magnitude(log_mel, self.data_config)  # [B, T, bins], >= 0
         x = self.embed(tf.cast(log_mel, self.compute_dtype))
+        if self.phase_prior == "griffin-lim":
+            if phase is None:
+                phase = griffin_lim_phase(prior, self.data_config)
+            x = x + self.phase_embed(tf.cast(phase_features(phase, self.data_config), self.compute_dtype))
+        elif phase is not None:
+            raise ValueError("a phase was given to a vocoder without a phase prior")
         for block in self.blocks:
             x = block(x)
         x = self.norm(x)
@@ -124,7 +144,29 @@ class Vocoder(keras.Model):
         magnitude = tf.exp(tf.minimum(log_magnitude, _MAX_LOG_MAGNITUDE))
         real, imaginary = tf.split(tf.cast(self.phase_head(x), tf.float32), 2, axis=-1)
         norm = tf.maximum(tf.sqrt(real * real + imaginary * imaginary), 1e-6)
-        return magnitude, real / norm, imaginary / norm
+        cosine, sine = real / norm, imaginary / norm
+        if phase is not None:  # the head's unit vector turns the prior phase (untrained: by nothing)
+            prior_cosine, prior_sine = tf.math.real(phase), tf.math.imag(phase)
+            cosine, sine = prior_cosine * cosine - prior_sine * sine, prior_cosine * sine + prior_sine * cosine
+        return magnitude, cosine, sine
+
+
+def phase_features(phase, data_config) -> tf.Tensor:
+    """What a network can read of a phase (complex64 [..., T, bins], modulus 1) wherever it lies:
+    [..., T, 4 * bins] float32, the cos and sin of each bin's turn since the previous frame less its
+    centre frequency's turn (how far the instantaneous frequency is from the bin's), and of its turn
+    from the bin below less pi (a centred window's lobe turns by pi a bin: the group delay's part).
+    The raw angle, uniform over the circle, says nothing by itself."""
+    c = data_config
+    bins = int(phase.shape[-1])
+    turn = tf.constant(2.0 * math.pi * c.hop_length / c.n_fft) * tf.range(bins, dtype=tf.float32)
+    centre = tf.exp(tf.complex(tf.zeros_like(turn), -turn))  # [bins]
+    previous_frame = tf.concat([phase[..., :1, :], phase[..., :-1, :]], axis=-2)
+    over_time = phase * tf.math.conj(previous_frame) * centre
+    bin_below = tf.concat([phase[..., :1], phase[..., :-1]], axis=-1)
+    over_bins = -phase * tf.math.conj(bin_below)
+    return tf.concat([tf.math.real(over_time), tf.math.imag(over_time), tf.math.real(over_bins), tf.math.imag(over_bins)],
+                     axis=-1)
 
 
 # A vocoder folder (utilities/train_vocoder.py's --output-dir, or RUN/vocoder): the weights, and what
@@ -144,7 +186,8 @@ def save_vocoder(vocoder: Vocoder, folder) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     vocoder.save_weights(str(folder / WEIGHTS_FILE))
     d = vocoder.data_config
-    settings = {"size": vocoder.size, "features": {key: getattr(d, key) for key in FEATURE_KEYS}}
+    settings = {"size": vocoder.size, "phase_prior": vocoder.phase_prior,
+                "features": {key: getattr(d, key) for key in FEATURE_KEYS}}
     (folder / SETTINGS_FILE).write_text(json.dumps(settings, indent=2) + "\n", encoding="utf-8")
 
 
@@ -172,7 +215,7 @@ def load_vocoder(folder, data_config, policy: str = "float32") -> Vocoder:
     previous = keras.config.dtype_policy()
     keras.config.set_dtype_policy(policy)  # every layer's, not only the outer model's
     try:
-        vocoder = Vocoder(data_config, size=settings["size"])
+        vocoder = Vocoder(data_config, size=settings["size"], phase_prior=settings.get("phase_prior", "none"))
         vocoder.build()
     finally:
         keras.config.set_dtype_policy(previous)
@@ -283,12 +326,25 @@ def teacher_forced_mels(network, batches, data_config) -> dict:
     # Traced: called eagerly, the alignment's loops would dispatch every frame's ops from Python.
     decode = tf.function(lambda batch: network(mel_from_audio(batch, data_config), training=False)["mel"],
                          reduce_retracing=True)
+    return _stacked([(batch["audio"], batch["mel_length"], decode(batch)) for batch in batches], data_config)
+
+
+def recorded_mels(batches, data_config) -> dict:
+    """Every clip of `batches` (waveform batches, `data.mel_on_device`) with its log-mel, as
+    `teacher_forced_mels` gives the model's: {"audio" [N, samples], "mel_length" [N], "mel" [N, frames, n_mels]}."""
+    from myxtts.data.pipeline import mel_from_audio
+
+    mels = tf.function(lambda batch: mel_from_audio(batch, data_config)["mel"], reduce_retracing=True)
+    return _stacked([(batch["audio"], batch["mel_length"], mels(batch)) for batch in batches], data_config)
+
+
+def _stacked(batches, data_config) -> dict:
+    """[(audio [B, n], mel_length [B], mel [B, T, n_mels])] -> one dict of clips padded to the longest."""
     clips = []
-    for batch in batches:
-        predicted = decode(batch)
-        for i in range(int(tf.shape(batch["mel_length"])[0])):
-            frames = int(batch["mel_length"][i])
-            clips.append((batch["audio"][i, : (frames - 1) * data_config.hop_length], predicted[i, :frames]))
+    for audio_batch, lengths, mel in batches:
+        for i in range(int(tf.shape(lengths)[0])):
+            frames = int(lengths[i])
+            clips.append((audio_batch[i, : (frames - 1) * data_config.hop_length], mel[i, :frames]))
     longest = max(int(m.shape[0]) for _, m in clips)
     floor = float(tf.math.log(data_config.log_floor))
     return {
@@ -296,6 +352,22 @@ def teacher_forced_mels(network, batches, data_config) -> dict:
         "mel_length": tf.constant([int(m.shape[0]) for _, m in clips], tf.int32),
         "mel": tf.stack([tf.pad(m, [[0, longest - int(m.shape[0])], [0, 0]], constant_values=floor) for _, m in clips]),
     }
+
+
+def with_griffin_lim_phase(clips: dict, data_config, progress=None) -> dict:
+    """`clips` ({"mel", "mel_length", ...}, as `recorded_mels` makes them) and "phase": the angle
+    (float16 [N, frames, bins]) of Griffin-Lim's phase for each clip's prior magnitude, computed over
+    the clip alone as synthesis computes it, once: 32 iterations for every segment of every epoch
+    would make a training step ~1.5x as long."""
+    find = tf.function(lambda mel: tf.math.angle(griffin_lim_phase(mel_to_magnitude(mel, data_config), data_config)),
+                       reduce_retracing=True)
+    longest, angles = int(clips["mel"].shape[1]), []
+    for i, frames in enumerate(clips["mel_length"].numpy()):
+        angle = find(clips["mel"][i, :frames])
+        angles.append(tf.cast(tf.pad(angle, [[0, longest - int(frames)], [0, 0]]), tf.float16))
+        if progress is not None:
+            progress(i + 1, len(clips["mel_length"]))
+    return {**clips, "phase": tf.stack(angles)}
 
 
 class SpectrogramDiscriminator(keras.Model):

@@ -70,14 +70,19 @@ class VocoderTrainer(keras.Model):
         start = segment_starts(batch["mel_length"], self.segment_frames)
         segment = waveform_segments(batch["audio"], start, self.segment_frames, self.vocoder.data_config.hop_length)
         given = mel_segments(batch["mel"], start, self.segment_frames) if "mel" in batch else None
-        return self.segment_losses(segment, training=training, input_mel=given)
+        phase = None
+        if "phase" in batch:  # the clip's Griffin-Lim phase (`with_griffin_lim_phase`), as angles
+            angle = tf.cast(mel_segments(batch["phase"], start, self.segment_frames), tf.float32)
+            phase = tf.exp(tf.complex(tf.zeros_like(angle), angle))
+        return self.segment_losses(segment, training=training, input_mel=given, input_phase=phase)
 
-    def segment_losses(self, segment, training=False, input_mel=None) -> dict:
+    def segment_losses(self, segment, training=False, input_mel=None, input_phase=None) -> dict:
         """The losses of vocoding the log-mel of `segment` [B, samples] (or `input_mel`, frames of the
-        same stretch) back into it."""
+        same stretch) back into it; `input_phase`: the vocoder's phase prior for those frames."""
         c = self.vocoder.data_config
         target_mel = audio.log_mel(segment, c)  # [B, frames, n_mels]
-        magnitude, cosine, sine = self.vocoder.polar(target_mel if input_mel is None else input_mel, training=training)
+        magnitude, cosine, sine = self.vocoder.polar(target_mel if input_mel is None else input_mel, training=training,
+                                                     phase=input_phase)
         real, imaginary = magnitude * cosine, magnitude * sine
         predicted = istft(tf.complex(real, imaginary), c)
         mel_loss = tf.reduce_mean(tf.abs(audio.log_mel(predicted, c) - target_mel))
