@@ -58,6 +58,12 @@ def convert(network, data_config, vocoder=None) -> bytes:
 
 def griffin_lim_real(magnitude, d, iterations: int = ITERATIONS, momentum: float = MOMENTUM, seed: int = SEED):
     """`griffin_lim.griffin_lim` of a magnitude [frames, bins], in real arithmetic (module docstring)."""
+    real, imag = griffin_lim_phase_real(magnitude, d, iterations, momentum, seed)
+    return _istft(magnitude * real, magnitude * imag, d, *_dft(d.n_fft))
+
+
+def griffin_lim_phase_real(magnitude, d, iterations: int = ITERATIONS, momentum: float = MOMENTUM, seed: int = SEED):
+    """`griffin_lim.griffin_lim_phase` as (cos, sin) [frames, bins], in real arithmetic."""
     cos, sin = _dft(d.n_fft)
     angles = initial_angles(magnitude, seed)
     real, imag = tf.cos(angles), tf.sin(angles)
@@ -73,13 +79,18 @@ def griffin_lim_real(magnitude, d, iterations: int = ITERATIONS, momentum: float
 
     _, real, imag, _, _ = tf.while_loop(lambda i, *_: i < iterations, body,
                                         (tf.constant(0), real, imag, previous_real, previous_imag))
-    return _istft(magnitude * real, magnitude * imag, d, cos, sin)
+    return real, imag
 
 
 def neural_real(vocoder, log_mel, d):
-    """`vocoder(log_mel[None])[0]` with the inverse STFT in real arithmetic: [(frames - 1) * hop] samples."""
-    real, imag = vocoder.spectrum(log_mel[None])
-    return _istft(real[0], imag[0], d, *_dft(d.n_fft))
+    """`vocoder(log_mel[None])[0]` with the inverse STFT (and a Griffin-Lim phase prior's iterations)
+    in real arithmetic: [(frames - 1) * hop] samples."""
+    phase = None
+    if vocoder.phase_prior == "griffin-lim":
+        real, imag = griffin_lim_phase_real(mel_to_magnitude(log_mel, d), d)
+        phase = real[None], imag[None]
+    magnitude, cosine, sine = vocoder.polar(log_mel[None], phase=phase)
+    return _istft(magnitude[0] * cosine[0], magnitude[0] * sine[0], d, *_dft(d.n_fft))
 
 
 def _dft(n_fft: int):

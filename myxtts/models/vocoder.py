@@ -125,16 +125,18 @@ class Vocoder(keras.Model):
         """(magnitude, cos phase, sin phase), float32 [B, T, bins] each: the spectrum in polar form, so
         that a loss on the phase angle need not divide by a magnitude that may be ~0.
 
-        With the "griffin-lim" phase prior, `phase` (complex64 [B, T, bins], modulus 1) is the prior's
-        phase when the caller has it (training: computed once per clip, `with_griffin_lim_phase`);
-        None computes it here, over the frames given (synthesis: the whole utterance)."""
+        With the "griffin-lim" phase prior, `phase` ((cos, sin), float32 [B, T, bins] each; real, so
+        that the TFLite export computes it too) is the prior's phase when the caller has it (training:
+        computed once per clip, `with_griffin_lim_phase`); None computes it here, over the frames
+        given (synthesis: the whole utterance)."""
         log_mel = tf.cast(log_mel, tf.float32)
         prior = mel_to_magnitude(log_mel, self.data_config)  # [B, T, bins], >= 0
         x = self.embed(tf.cast(log_mel, self.compute_dtype))
         if self.phase_prior == "griffin-lim":
             if phase is None:
-                phase = griffin_lim_phase(prior, self.data_config)
-            x = x + self.phase_embed(tf.cast(phase_features(phase, self.data_config), self.compute_dtype))
+                found = griffin_lim_phase(prior, self.data_config)
+                phase = tf.math.real(found), tf.math.imag(found)
+            x = x + self.phase_embed(tf.cast(phase_features(*phase, prior, self.data_config), self.compute_dtype))
         elif phase is not None:
             raise ValueError("a phase was given to a vocoder without a phase prior")
         for block in self.blocks:
@@ -146,27 +148,43 @@ class Vocoder(keras.Model):
         norm = tf.maximum(tf.sqrt(real * real + imaginary * imaginary), 1e-6)
         cosine, sine = real / norm, imaginary / norm
         if phase is not None:  # the head's unit vector turns the prior phase (untrained: by nothing)
-            prior_cosine, prior_sine = tf.math.real(phase), tf.math.imag(phase)
+            prior_cosine, prior_sine = phase
             cosine, sine = prior_cosine * cosine - prior_sine * sine, prior_cosine * sine + prior_sine * cosine
         return magnitude, cosine, sine
 
 
-def phase_features(phase, data_config) -> tf.Tensor:
-    """What a network can read of a phase (complex64 [..., T, bins], modulus 1) wherever it lies:
-    [..., T, 4 * bins] float32, the cos and sin of each bin's turn since the previous frame less its
-    centre frequency's turn (how far the instantaneous frequency is from the bin's), and of its turn
-    from the bin below less pi (a centred window's lobe turns by pi a bin: the group delay's part).
-    The raw angle, uniform over the circle, says nothing by itself."""
+# Below this magnitude (~30 dB under a peak-normalised clip's loud bins) a bin's phase fades out of
+# `phase_features`: Griffin-Lim's phase there is chaotic (TFLite's real-arithmetic iterations and
+# TensorFlow's end up to 2.7 rad apart in bins of magnitude 0.01, 0.5 rad at 0.1, measured on a demo
+# clip), and it would reach every output through the network.
+_PHASE_FEATURE_MAGNITUDE = 0.3
+
+
+def phase_features(cosine, sine, magnitude, data_config) -> tf.Tensor:
+    """What a network can read of a phase ((cos, sin) float32 [..., T, bins]) wherever it lies:
+    [..., T, 4 * bins], the cos and sin of each bin's turn since the previous frame less its centre
+    frequency's turn (how far the instantaneous frequency is from the bin's), and of its turn from
+    the bin below less pi (a centred window's lobe turns by pi a bin: the group delay's part), each
+    weighted by m^2 / (m^2 + 0.3^2) of the bin's `magnitude` m (quiet bins' phase is noise). The raw
+    angle, uniform over the circle, says nothing by itself. Real arithmetic (TFLite has no complex)."""
     c = data_config
-    bins = int(phase.shape[-1])
-    turn = tf.constant(2.0 * math.pi * c.hop_length / c.n_fft) * tf.range(bins, dtype=tf.float32)
-    centre = tf.exp(tf.complex(tf.zeros_like(turn), -turn))  # [bins]
-    previous_frame = tf.concat([phase[..., :1, :], phase[..., :-1, :]], axis=-2)
-    over_time = phase * tf.math.conj(previous_frame) * centre
-    bin_below = tf.concat([phase[..., :1], phase[..., :-1]], axis=-1)
-    over_bins = -phase * tf.math.conj(bin_below)
-    return tf.concat([tf.math.real(over_time), tf.math.imag(over_time), tf.math.real(over_bins), tf.math.imag(over_bins)],
-                     axis=-1)
+    bins = int(cosine.shape[-1])
+    centre = tf.constant(2.0 * math.pi * c.hop_length / c.n_fft) * tf.range(bins, dtype=tf.float32)
+
+    def turn(a_cos, a_sin, b_cos, b_sin):  # a * conj(b)
+        return a_cos * b_cos + a_sin * b_sin, a_sin * b_cos - a_cos * b_sin
+
+    def earlier(x, axis):  # the previous frame (axis -2) or bin (axis -1); the first is its own
+        first = x[..., :1, :] if axis == -2 else x[..., :1]
+        rest = x[..., :-1, :] if axis == -2 else x[..., :-1]
+        return tf.concat([first, rest], axis=axis)
+
+    time_cos, time_sin = turn(cosine, sine, earlier(cosine, -2), earlier(sine, -2))
+    time_cos, time_sin = turn(time_cos, time_sin, tf.cos(centre), tf.sin(centre))
+    bin_cos, bin_sin = turn(cosine, sine, earlier(cosine, -1), earlier(sine, -1))
+    power = tf.square(magnitude)
+    weight = power / (power + _PHASE_FEATURE_MAGNITUDE ** 2)
+    return tf.concat([time_cos, time_sin, -bin_cos, -bin_sin], axis=-1) * tf.tile(weight, [1] * (weight.shape.rank - 1) + [4])
 
 
 # A vocoder folder (utilities/train_vocoder.py's --output-dir, or RUN/vocoder): the weights, and what

@@ -73,7 +73,7 @@ class VocoderTrainer(keras.Model):
         phase = None
         if "phase" in batch:  # the clip's Griffin-Lim phase (`with_griffin_lim_phase`), as angles
             angle = tf.cast(mel_segments(batch["phase"], start, self.segment_frames), tf.float32)
-            phase = tf.exp(tf.complex(tf.zeros_like(angle), angle))
+            phase = tf.cos(angle), tf.sin(angle)
         return self.segment_losses(segment, training=training, input_mel=given, input_phase=phase)
 
     def segment_losses(self, segment, training=False, input_mel=None, input_phase=None) -> dict:
