@@ -4,6 +4,7 @@
     python utilities/benchmark_vocoder.py --train                            # a train step: sizes x XLA
     python utilities/benchmark_vocoder.py --train --discriminator --sizes small   # without / with the discriminator
     python utilities/benchmark_vocoder.py --train --precisions float32,mixed_bfloat16   # in each dtype policy
+    python utilities/benchmark_vocoder.py --train --phase-prior --sizes small   # without / with the Griffin-Lim phase prior
 
 Real-time factor: a random log-mel of --frames frames through the vocoder folder's network and
 through Griffin-Lim, each traced once and warmed up, then called in turn; seconds taken per second
@@ -12,7 +13,9 @@ batch of random waveforms (--batch-size segments of --segment-frames frames), fo
 and without XLA (`jit_compile`), each compiled and warmed up first, then timed in turn; with
 --discriminator, for each size in graph mode without and with the spectrogram discriminator
 (`adversarial_weight`, its own update included) instead; with --precisions, for each size in
-graph mode (with --xla: XLA) under each Keras dtype policy (mixed_float16 with loss scaling) instead.
+graph mode (with --xla: XLA) under each Keras dtype policy (mixed_float16 with loss scaling) instead;
+with --phase-prior, for each size in graph mode without and with the Griffin-Lim phase prior (its
+phase read from the batch, as training reads it from the clips it found it for once) instead.
 """
 
 from __future__ import annotations
@@ -39,6 +42,8 @@ def main(argv=None) -> int:
                         help="--train: time each size in graph mode under these Keras dtype policies instead of x XLA "
                              "(comma-separated: float32,mixed_bfloat16,mixed_float16)")
     parser.add_argument("--xla", action="store_true", help="--precisions: compile each with XLA instead of graph mode")
+    parser.add_argument("--phase-prior", action="store_true",
+                        help="--train: time each size in graph mode without and with the Griffin-Lim phase prior instead")
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--segment-frames", type=int, default=32)
     parser.add_argument("--config", default=str(ROOT / "configs" / "demo.yaml"))
@@ -95,29 +100,35 @@ def train_steps(d, args) -> dict:
     rng = np.random.default_rng(0)
     batch = {"audio": tf.constant(rng.normal(0, 0.1, (args.batch_size, samples)).astype(np.float32)),
              "mel_length": tf.fill([args.batch_size], samples // d.hop_length)}
+    frames = samples // d.hop_length + 1
+    with_prior = {**batch, "mel": tf.constant(rng.normal(-4.0, 2.0, (args.batch_size, frames, d.n_mels)).astype(np.float32)),
+                  "phase": tf.constant(rng.uniform(-np.pi, np.pi, (args.batch_size, frames, d.n_fft // 2 + 1)), tf.float16)}
     contenders = {}
     if args.precisions:
-        variants = [(args.xla, 0.0, policy) for policy in args.precisions.split(",")]
+        variants = [(args.xla, 0.0, policy, "none") for policy in args.precisions.split(",")]
     elif args.discriminator:
-        variants = ((False, 0.0, "float32"), (False, 0.02, "float32"))
+        variants = ((False, 0.0, "float32", "none"), (False, 0.02, "float32", "none"))
+    elif args.phase_prior:
+        variants = ((False, 0.0, "float32", "none"), (False, 0.0, "float32", "griffin-lim"))
     else:
-        variants = ((False, 0.0, "float32"), (True, 0.0, "float32"))
+        variants = ((False, 0.0, "float32", "none"), (True, 0.0, "float32", "none"))
     for size in args.sizes.split(","):
-        for jit, adversarial, policy in variants:
+        for jit, adversarial, policy, prior in variants:
             keras.config.set_dtype_policy(policy)
             optimizers = [keras.optimizers.AdamW(1e-4), keras.optimizers.AdamW(2e-4)]
             if policy == "mixed_float16":
                 optimizers = [keras.optimizers.LossScaleOptimizer(o) for o in optimizers]
-            trainer = VocoderTrainer(Vocoder(d, size=size), segment_frames=args.segment_frames,
+            trainer = VocoderTrainer(Vocoder(d, size=size, phase_prior=prior), segment_frames=args.segment_frames,
                                      adversarial_weight=adversarial, discriminator_optimizer=optimizers[1])
             trainer.compile(optimizer=optimizers[0], jit_compile=jit)
             trainer.build_for_training()  # the step calls the vocoder's parts, not the vocoder: it is built here
             trainer.make_train_function()
             step = trainer.train_function
-            iterator = iter(tf.data.Dataset.from_tensors(batch).repeat())
+            iterator = iter(tf.data.Dataset.from_tensors(with_prior if prior != "none" else batch).repeat())
             step(iterator)  # compile
             name = (f"{size} ({trainer.vocoder.count_params() / 1e6:.1f} M), {'XLA' if jit else 'graph'}"
-                    + (", discriminator" if adversarial else "") + (f", {policy}" if args.precisions else ""))
+                    + (", discriminator" if adversarial else "") + (f", {policy}" if args.precisions else "")
+                    + (f", phase prior {prior}" if args.phase_prior else ""))
             contenders[name] = lambda step=step, iterator=iterator: float(step(iterator)["loss"])
     keras.config.set_dtype_policy("float32")
     return contenders
