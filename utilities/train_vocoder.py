@@ -31,6 +31,11 @@ each training clip decoded by the run's model on the recording's alignment, so t
 still line up with the recording, computed once before training; the losses still compare with the
 recording. With --init-from FOLDER (say RUN/vocoder) this fine-tunes a vocoder to the mels it will
 be given at synthesis, which are smoother than a recording's.
+
+--phase-prior griffin-lim starts the vocoder at Griffin-Lim's own audio and trains it to turn that
+phase and correct that magnitude (`models/vocoder.py`); the phase of every training clip is found
+once before training (32 iterations over the whole clip, as synthesis does) and held in memory with
+the clips, so the updates read it instead of iterating.
 """
 
 from __future__ import annotations
