@@ -31,3 +31,13 @@ def test_a_corrupt_clip_is_named(demo_corpus, tmp_path, capsys):
         wav.write_bytes(b"this is not audio " * 64)
     code, err = run(capsys, "--train-data", str(corpus), "--output-dir", str(tmp_path / "v"))
     assert code == 2 and "not a WAV file" in err and str(corpus / "wavs") in err, err
+
+
+def test_a_phase_prior_other_than_the_vocoder_started_from_is_refused(demo_corpus, tmp_path, capsys):
+    from conftest import make_vocoder_folder, tiny_config
+
+    start = tmp_path / "start"
+    make_vocoder_folder(tiny_config(demo_corpus).data, start)  # phase prior "none"
+    code, err = run(capsys, "--train-data", str(demo_corpus), "--output-dir", str(tmp_path / "v"),
+                    "--init-from", str(start), "--phase-prior", "griffin-lim")
+    assert code == 2 and f"--init-from {start} was trained with 'none'" in err and "Traceback" not in err, err

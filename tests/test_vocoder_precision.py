@@ -3,6 +3,7 @@ machinery as the acoustic model's), the precision train_vocoder.py picks per dev
 made with other settings refused before it is loaded."""
 
 import json
+import re
 from pathlib import Path
 
 import keras
@@ -141,5 +142,8 @@ def test_train_vocoder_trains_with_accumulation_in_bf16_and_saves_float32(demo_c
     printed = capsys.readouterr().out
     assert "batch 4 x 2 accumulated" in printed and "mixed_bfloat16 (config)" in printed, printed
     assert "step 2/2" in printed, printed
+    assert "turning Griffin-Lim's phase" in printed, printed  # the default prior
+    assert re.search(r"Griffin-Lim's phase of \d+ training clips: \d+ s \(\d+ MB held\)", printed), printed
     assert not (out / "backup").exists()  # a finished run's backup is gone, settings with it
-    assert load_vocoder(out, tiny_config(demo_corpus).data).embed.compute_dtype == "float32"
+    loaded = load_vocoder(out, tiny_config(demo_corpus).data)
+    assert loaded.embed.compute_dtype == "float32" and loaded.phase_prior == "griffin-lim"
