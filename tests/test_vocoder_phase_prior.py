@@ -10,7 +10,7 @@ import tensorflow as tf
 
 from myxtts.data import audio
 from myxtts.models import griffin_lim
-from myxtts.models.vocoder import (Vocoder, load_vocoder, phase_features, recorded_mels, save_vocoder,
+from myxtts.models.vocoder import (Vocoder, clip_stream, load_vocoder, phase_features, recorded_mels, save_vocoder,
                                    with_griffin_lim_phase)
 from myxtts.training.vocoder_step import VocoderTrainer
 
@@ -62,15 +62,31 @@ def test_the_phase_features_read_turns_not_the_angle_itself():
     np.testing.assert_allclose(over_time[:, 2 * bins + 1 :3 * bins], 1.0, atol=1e-4)  # a pi per bin: no group delay
 
 
-def test_the_phase_is_found_once_per_clip_as_synthesis_finds_it(waveform_batch, clips):
+def test_the_phase_is_found_once_per_clip_as_synthesis_finds_it_and_held_unpadded(waveform_batch, clips):
     c, batch = waveform_batch
-    assert clips["phase"].dtype == tf.float16 and clips["phase"].shape == (*clips["mel"].shape[:2], c.n_fft // 2 + 1)
-    row = 1
-    frames = int(clips["mel_length"][row])
-    expected = tf.math.angle(griffin_lim.griffin_lim_phase(griffin_lim.mel_to_magnitude(clips["mel"][row, :frames], c), c))
-    difference = np.angle(np.exp(1j * (clips["phase"][row, :frames].numpy().astype(np.float32) - expected.numpy())))
-    assert np.abs(difference).max() < 5e-3  # float16 angles
-    assert np.all(clips["phase"][row, frames:].numpy() == 0)  # padding
+    frames = clips["mel_length"].numpy()
+    assert np.array_equal(frames, batch["mel_length"].numpy())
+    assert clips["phase"].dtype == tf.float16 and np.array_equal(clips["phase"].row_lengths().numpy(), frames)
+    assert np.array_equal(clips["audio"].row_lengths().numpy(), (frames - 1) * c.hop_length)
+    row = int(np.argmin(frames))  # the shortest clip: padded, it would have held the longest one's frames
+    np.testing.assert_array_equal(clips["audio"][row].numpy(), batch["audio"][row, : (frames[row] - 1) * c.hop_length].numpy())
+    expected = tf.math.angle(griffin_lim.griffin_lim_phase(griffin_lim.mel_to_magnitude(clips["mel"][row], c), c))
+    difference = np.angle(np.exp(1j * (clips["phase"][row].numpy().astype(np.float32) - expected.numpy())))
+    assert clips["phase"][row].shape == (frames[row], c.n_fft // 2 + 1) and np.abs(difference).max() < 5e-3  # float16
+
+
+def test_the_clip_stream_pads_each_batch_to_its_longest_clip(waveform_batch, clips):
+    c, batch = waveform_batch
+    count = int(clips["mel_length"].shape[0])
+    streamed = next(iter(clip_stream(clips, count, c, seed=0)))  # every clip once, shuffled
+    longest = int(tf.reduce_max(clips["mel_length"]))
+    assert streamed["mel"].shape == (count, longest, c.n_mels) and streamed["phase"].shape == (count, longest, c.n_fft // 2 + 1)
+    assert streamed["audio"].shape == (count, (longest - 1) * c.hop_length)
+    assert sorted(streamed["mel_length"].numpy()) == sorted(clips["mel_length"].numpy())
+    row = int(np.argmin(streamed["mel_length"].numpy()))
+    frames = int(streamed["mel_length"][row])
+    np.testing.assert_allclose(streamed["mel"][row, frames:].numpy(), np.log(c.log_floor), rtol=1e-6)  # the floor
+    assert np.all(streamed["phase"][row, frames:].numpy() == 0) and np.all(streamed["audio"][row, (frames - 1) * c.hop_length:] == 0)
 
 
 def test_a_tiny_vocoder_with_the_prior_trains_from_the_clips_and_keeps_it_through_save_and_load(waveform_batch, clips,
@@ -80,7 +96,7 @@ def test_a_tiny_vocoder_with_the_prior_trains_from_the_clips_and_keeps_it_throug
     trainer = VocoderTrainer(Vocoder(c, size="tiny", phase_prior="griffin-lim"), segment_frames=32)
     trainer.compile(optimizer=keras.optimizers.Adam(3e-3), jit_compile=False)
     trainer.build_for_training()
-    fixed = {key: value[:8] for key, value in clips.items()}
+    fixed = next(iter(clip_stream(clips, 8, c, seed=1)))
     tf.random.set_seed(5)
     before = float(trainer.losses_of(fixed)["loss"])
     trainer.fit(tf.data.Dataset.from_tensors(fixed).repeat(), steps_per_epoch=30, epochs=1, verbose=0)
@@ -90,16 +106,16 @@ def test_a_tiny_vocoder_with_the_prior_trains_from_the_clips_and_keeps_it_throug
     save_vocoder(trainer.vocoder, tmp_path)
     assert json.loads((tmp_path / "vocoder.json").read_text())["phase_prior"] == "griffin-lim"
     loaded = load_vocoder(tmp_path, c)
-    log_mel = clips["mel"][0, : int(clips["mel_length"][0])][None]
+    log_mel = clips["mel"][0][None]
     np.testing.assert_allclose(loaded(log_mel).numpy(), trainer.vocoder(log_mel).numpy(), atol=1e-5)
 
 
 def test_a_phase_given_to_a_vocoder_without_the_prior_is_refused(waveform_batch, clips):
     c, _ = waveform_batch
-    angle = tf.cast(clips["phase"][:1], tf.float32)
+    angle = tf.cast(clips["phase"][0], tf.float32)[None]
     phase = tf.cos(angle), tf.sin(angle)
     with pytest.raises(ValueError, match="without a phase prior"):
-        Vocoder(c, size="tiny").polar(clips["mel"][:1], phase=phase)
+        Vocoder(c, size="tiny").polar(clips["mel"][0][None], phase=phase)
     with pytest.raises(ValueError, match="phase prior 'magic'"):
         Vocoder(c, size="tiny", phase_prior="magic")
 
@@ -117,7 +133,7 @@ def test_the_tflite_route_finds_the_prior_and_speaks_as_the_vocoder_does(wavefor
     rng = np.random.default_rng(7)
     for head, scale in ((vocoder.magnitude_head, 0.05), (vocoder.phase_head, 0.5)):  # not Griffin-Lim's own audio
         head.kernel.assign(rng.normal(0, scale, head.kernel.shape).astype(np.float32))
-    log_mel = clips["mel"][0, : int(clips["mel_length"][0])]
+    log_mel = clips["mel"][0]
     expected = vocoder(log_mel[None])[0].numpy()
     assert _snr_db(expected, griffin_lim.log_mel_to_audio(log_mel, c).numpy()) < 20.0
 

@@ -343,7 +343,7 @@ def mel_segments(mel, start, segment_frames: int) -> tf.Tensor:
 def teacher_forced_mels(network, batches, data_config) -> dict:
     """The acoustic `network`'s own mels of every clip of `batches` (waveform batches, `data.mel_on_device`),
     decoded on the recording's alignment so that frame t still belongs with the samples around t * hop:
-    {"audio" [N, samples], "mel_length" [N], "mel" [N, frames, n_mels]}, padded to the longest clip.
+    held in memory as `held_clips` holds them ("mel": the model's).
 
     A vocoder fine-tuned on these (`VocoderTrainer` takes the batch's "mel" as its input) learns the
     acoustic model's smoothed mels instead of meeting them for the first time at synthesis."""
@@ -352,48 +352,65 @@ def teacher_forced_mels(network, batches, data_config) -> dict:
     # Traced: called eagerly, the alignment's loops would dispatch every frame's ops from Python.
     decode = tf.function(lambda batch: network(mel_from_audio(batch, data_config), training=False)["mel"],
                          reduce_retracing=True)
-    return _stacked([(batch["audio"], batch["mel_length"], decode(batch)) for batch in batches], data_config)
+    return held_clips([(batch["audio"], batch["mel_length"], decode(batch)) for batch in batches], data_config)
 
 
 def recorded_mels(batches, data_config) -> dict:
     """Every clip of `batches` (waveform batches, `data.mel_on_device`) with its log-mel, as
-    `teacher_forced_mels` gives the model's: {"audio" [N, samples], "mel_length" [N], "mel" [N, frames, n_mels]}."""
+    `teacher_forced_mels` gives the model's (`held_clips`)."""
     from myxtts.data.pipeline import mel_from_audio
 
     mels = tf.function(lambda batch: mel_from_audio(batch, data_config)["mel"], reduce_retracing=True)
-    return _stacked([(batch["audio"], batch["mel_length"], mels(batch)) for batch in batches], data_config)
+    return held_clips([(batch["audio"], batch["mel_length"], mels(batch)) for batch in batches], data_config)
 
 
-def _stacked(batches, data_config) -> dict:
-    """[(audio [B, n], mel_length [B], mel [B, T, n_mels])] -> one dict of clips padded to the longest."""
-    clips = []
-    for audio_batch, lengths, mel in batches:
-        for i in range(int(tf.shape(lengths)[0])):
-            frames = int(lengths[i])
-            clips.append((audio_batch[i, : (frames - 1) * data_config.hop_length], mel[i, :frames]))
-    longest = max(int(m.shape[0]) for _, m in clips)
-    floor = float(tf.math.log(data_config.log_floor))
-    return {
-        "audio": tf.stack([tf.pad(a, [[0, (longest - 1) * data_config.hop_length - int(a.shape[0])]]) for a, _ in clips]),
-        "mel_length": tf.constant([int(m.shape[0]) for _, m in clips], tf.int32),
-        "mel": tf.stack([tf.pad(m, [[0, longest - int(m.shape[0])], [0, 0]], constant_values=floor) for _, m in clips]),
-    }
+def held_clips(batches, data_config) -> dict:
+    """[(audio [B, n], mel_length [B], mel [B, T, n_mels])] -> the clips held in memory, unpadded:
+    {"audio" ragged [N, (samples)], "mel_length" [N], "mel" ragged [N, (frames), n_mels]}.
+    `clip_stream` makes training batches of them. Ragged, not padded to the longest clip: padded, the
+    demo corpus's 376 clips with their phase (`with_griffin_lim_phase`) held 869 MB."""
+    audio, mel, lengths = [], [], []
+    for audio_batch, frames_batch, mel_batch in batches:
+        for i in range(int(tf.shape(frames_batch)[0])):
+            frames = int(frames_batch[i])
+            audio.append(audio_batch[i, : (frames - 1) * data_config.hop_length])
+            mel.append(mel_batch[i, :frames])
+            lengths.append(frames)
+    lengths = tf.constant(lengths, tf.int32)
+    return {"audio": tf.RaggedTensor.from_row_lengths(tf.concat(audio, 0), (lengths - 1) * data_config.hop_length),
+            "mel_length": lengths,
+            "mel": tf.RaggedTensor.from_row_lengths(tf.concat(mel, 0), lengths)}
 
 
 def with_griffin_lim_phase(clips: dict, data_config, progress=None) -> dict:
-    """`clips` ({"mel", "mel_length", ...}, as `recorded_mels` makes them) and "phase": the angle
-    (float16 [N, frames, bins]) of Griffin-Lim's phase for each clip's prior magnitude, computed over
-    the clip alone as synthesis computes it, once: 32 iterations for every segment of every epoch
-    would make a training step ~1.5x as long."""
+    """`clips` (as `held_clips` makes them) and "phase": the angle (float16, ragged [N, (frames), bins])
+    of Griffin-Lim's phase for each clip's prior magnitude, computed over the clip alone as synthesis
+    computes it, once: 32 iterations for every segment of every epoch would make a training step ~1.5x
+    as long."""
     find = tf.function(lambda mel: tf.math.angle(griffin_lim_phase(mel_to_magnitude(mel, data_config), data_config)),
                        reduce_retracing=True)
-    longest, angles = int(clips["mel"].shape[1]), []
-    for i, frames in enumerate(clips["mel_length"].numpy()):
-        angle = find(clips["mel"][i, :frames])
-        angles.append(tf.cast(tf.pad(angle, [[0, longest - int(frames)], [0, 0]]), tf.float16))
+    angles, count = [], int(clips["mel_length"].shape[0])
+    for i in range(count):
+        angles.append(tf.cast(find(clips["mel"][i]), tf.float16))
         if progress is not None:
-            progress(i + 1, len(clips["mel_length"]))
-    return {**clips, "phase": tf.stack(angles)}
+            progress(i + 1, count)
+    return {**clips, "phase": tf.RaggedTensor.from_row_lengths(tf.concat(angles, 0), clips["mel_length"])}
+
+
+def clip_stream(clips: dict, batch_size: int, data_config, seed=None, shard: int = 0, shards: int = 1):
+    """Endless shuffled batches of held `clips`, each padded to its longest clip (the mel with the log
+    floor), as `VocoderTrainer` takes them."""
+    floor = float(tf.math.log(data_config.log_floor))
+    padding = {"audio": 0.0, "mel_length": 0, "mel": floor}
+    if "phase" in clips:
+        padding["phase"] = tf.constant(0.0, tf.float16)
+    count = int(clips["mel_length"].shape[0])
+
+    def dense(clip):  # a ragged clip sliced out of `clips` holds one uniform row: dense for padded_batch
+        return {key: value.to_tensor() if isinstance(value, tf.RaggedTensor) else value for key, value in clip.items()}
+
+    return (tf.data.Dataset.from_tensor_slices(clips).shard(shards, shard).shuffle(count, seed=seed).repeat()
+            .map(dense).padded_batch(batch_size, drop_remainder=True, padding_values=padding).prefetch(2))
 
 
 class SpectrogramDiscriminator(keras.Model):
