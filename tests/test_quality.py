@@ -107,3 +107,15 @@ def test_the_spectrum_mixes_give_the_clip_back_and_a_true_phase_beats_griffin_li
 
     # The mel's own magnitude with the clip's phase beats it with Griffin-Lim's (0.995 against 0.966 on 10 demo clips).
     assert score("prior magnitude, true phase") > score("prior magnitude, Griffin-Lim phase") + 0.01
+
+
+def test_magnitude_or_phase_names_a_missing_corpus_and_vocoder(demo_corpus, tmp_path, capsys):
+    from utilities import magnitude_or_phase
+
+    missing = tmp_path / "no_corpus"
+    assert magnitude_or_phase.main(["--corpus", str(missing)]) == 2
+    err = capsys.readouterr().err
+    assert str(missing) in err and "Traceback" not in err, err
+    assert magnitude_or_phase.main(["--corpus", str(demo_corpus), "--vocoder", str(tmp_path / "no_vocoder")]) == 2
+    err = capsys.readouterr().err
+    assert "no_vocoder is not a vocoder folder" in err, err
