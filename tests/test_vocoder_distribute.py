@@ -6,7 +6,8 @@ What "exactly" means here: two replicas each take half of a global batch and ave
 (`all_reduce_mean`), which is the mean of the two halves' gradients. The vocoder's STFT loss is a
 ratio over the whole batch (spectral convergence), so that is not the gradient of the global batch's
 loss; it is what one device computes when it accumulates the two halves into one update, which is the
-reference here. The discriminator is on, so both networks and both optimizers are compared.
+reference here. The discriminator is on, so both networks and both optimizers are compared; the
+vocoder turns a Griffin-Lim phase prior, read from the batch as training reads it.
 """
 
 from __future__ import annotations
@@ -59,12 +60,17 @@ def _child() -> dict:
     frames = 32
     # Clips exactly one segment long: every segment starts at frame 0, on one device or two.
     rng = np.random.default_rng(0)
+    # With the Griffin-Lim phase prior (train_vocoder.py's default), each clip's mel and phase come with it.
     halves = [{"audio": tf.constant(rng.normal(0, 0.1, (2, (frames - 1) * data.hop_length)).astype(np.float32)),
-               "mel_length": tf.fill([2], frames)} for _ in range(2)]
+               "mel_length": tf.fill([2], frames),
+               "mel": tf.constant(rng.normal(-4.0, 2.0, (2, frames, data.n_mels)).astype(np.float32)),
+               "phase": tf.constant(rng.uniform(-np.pi, np.pi, (2, frames, data.n_fft // 2 + 1)), tf.float16)}
+              for _ in range(2)]
     # Under 10 steps the schedule holds its peak from the first update (no warmup): both runs update at
     # the same learning rate although one counts two micro-steps.
     args = Namespace(init_from=None, size="tiny", steps=8, learning_rate=LEARNING_RATE, segment_frames=frames,
-                     phase_weight=0.0, adversarial_weight=0.1, discriminator_learning_rate=LEARNING_RATE, xla="auto")
+                     phase_weight=0.0, phase_angle_weight=0.0, phase_prior="griffin-lim", adversarial_weight=0.1,
+                     discriminator_learning_rate=LEARNING_RATE, xla="auto")
 
     def build(strategy, accumulation, initial=None):
         keras.utils.set_random_seed(0)
