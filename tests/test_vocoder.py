@@ -137,10 +137,16 @@ def test_a_tiny_vocoder_trains_against_a_discriminator_and_its_backup_holds_both
 
 def test_the_update_with_its_discriminator_compiles_with_xla(waveform_batch):
     # train_vocoder.py compiles it with XLA on a GPU: every op of the step (the STFTs, the inverse
-    # STFT, the skip of a non-finite update, both optimizers) must compile, which a CPU shows too.
+    # STFT, the skip of a non-finite update, both optimizers, the Griffin-Lim phase prior's features and
+    # turn: its default) must compile, which a CPU shows too.
+    from myxtts.data.pipeline import mel_from_audio
+
     c, batch = waveform_batch
     keras.utils.set_random_seed(0)
-    trainer = _adversarial_trainer(c, jit_compile=True)
+    trainer = _adversarial_trainer(c, vocoder=Vocoder(c, size="tiny", phase_prior="griffin-lim"), jit_compile=True)
+    mel = mel_from_audio(batch, c)["mel"]
+    angles = np.random.default_rng(0).uniform(-np.pi, np.pi, (*mel.shape[:2], c.n_fft // 2 + 1))
+    batch = {**batch, "mel": mel, "phase": tf.constant(angles, tf.float16)}  # as the held clips give them
     history = trainer.fit(tf.data.Dataset.from_tensors(batch).repeat(), steps_per_epoch=3, epochs=1, verbose=0)
     assert trainer.jit_compile and int(trainer.discriminator_optimizer.iterations) == 3
     assert np.isfinite(history.history["loss"][-1]) and history.history["nonfinite_in_a_row"][-1] == 0
