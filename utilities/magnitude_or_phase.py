@@ -56,8 +56,7 @@ def main(argv=None) -> int:
     except (FileNotFoundError, ValueError) as error:  # ConfigError and VocoderMismatch are ValueErrors
         print(f"error: {error}", file=sys.stderr)
         return 2
-    step = max(len(rows) // args.clips, 1)
-    paths = [u.audio_path for u in rows[::step][: args.clips]]
+    paths = quality.spread_clips(rows, args.clips)
     rate = config.data.sample_rate
     scores, started = {}, time.monotonic()
     for number, path in enumerate(paths, 1):

@@ -62,8 +62,7 @@ def main(argv=None) -> int:
         except (FileNotFoundError, VocoderMismatch) as error:
             print(f"error: --vocoder {folder}: {error}", file=sys.stderr)
             return 2
-    step = max(len(rows) // args.clips, 1)
-    paths = [u.audio_path for u in rows[::step][: args.clips]]
+    paths = quality.spread_clips(rows, args.clips)
     total = len(paths) * len(makers)
     started, reports = time.monotonic(), {}
     for index, (name, maker) in enumerate(makers.items()):

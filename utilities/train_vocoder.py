@@ -153,8 +153,8 @@ def train(args, machine) -> int:
     from myxtts.data.splits import load_splits
     from myxtts.evaluation import quality
     from myxtts.hardware.plan import vocoder_precision
-    from myxtts.models.vocoder import (SETTINGS_FILE, clip_stream, load_vocoder, recorded_mels, save_vocoder,
-                                       teacher_forced_mels, with_griffin_lim_phase)
+    from myxtts.models.vocoder import (clip_stream, load_vocoder, recorded_mels, save_vocoder, teacher_forced_mels,
+                                       vocoder_settings, with_griffin_lim_phase)
     from myxtts.synthesis import GRIFFIN_LIM, RUN_VOCODER, Synthesizer
     from myxtts.training import distribute
     from myxtts.training.callbacks import VocoderSamples, optimizer_step
@@ -173,8 +173,8 @@ def train(args, machine) -> int:
                                                  *args.set])
     train_rows, val_rows = load_splits(config)
     keras.utils.set_random_seed(config.seed)
-    if args.init_from and (Path(args.init_from) / SETTINGS_FILE).is_file():
-        started_from = json.loads((Path(args.init_from) / SETTINGS_FILE).read_text(encoding="utf-8")).get("phase_prior", "none")
+    if args.init_from:  # checked before minutes of preparing clips: a missing folder, another prior
+        started_from = vocoder_settings(args.init_from)["phase_prior"]
         if args.phase_prior not in (None, started_from):
             raise ValueError(f"--phase-prior {args.phase_prior}: --init-from {args.init_from} was trained with "
                              f"{started_from!r}; drop --phase-prior or start from scratch")

@@ -59,13 +59,11 @@ def spectrum_mixes(recording, data_config, vocoder=None, iterations: int = 32) -
 
     from myxtts.data import audio
     from myxtts.models.griffin_lim import griffin_lim, istft, mel_to_magnitude, stft
+    from myxtts.models.griffin_lim import unit_phase as unit
 
     recording = tf.convert_to_tensor(recording, tf.float32)
     log_mel = audio.log_mel(recording, data_config)
     true = stft(recording, data_config)[: tf.shape(log_mel)[0]]
-
-    def unit(z):
-        return z / tf.cast(tf.maximum(tf.abs(z), 1e-8), tf.complex64)
 
     def rebuilt(magnitude, phase):
         return istft(tf.cast(magnitude, tf.complex64) * phase, data_config)
@@ -82,6 +80,13 @@ def spectrum_mixes(recording, data_config, vocoder=None, iterations: int = 32) -
         for phase_name, phase in phases.items():
             mixes[f"{magnitude_name} magnitude, {phase_name} phase"] = rebuilt(magnitude, phase)
     return {name: np.asarray(samples, np.float32) for name, samples in mixes.items()}
+
+
+def spread_clips(rows, count: int) -> list[str]:
+    """The audio paths of `count` manifest rows spread evenly over `rows`: the clips every quality
+    measure of a corpus takes (`measure_quality.py`, `magnitude_or_phase.py`), the same each time."""
+    step = max(len(rows) // count, 1)
+    return [u.audio_path for u in rows[::step][:count]]
 
 
 def to_measure_rate(samples: np.ndarray, sample_rate: int) -> np.ndarray:

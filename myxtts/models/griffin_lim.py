@@ -82,25 +82,21 @@ def _filterbank_inverse(sample_rate, n_fft, n_mels, fmin, fmax, htk):
     return filters.astype(np.float32), np.linalg.pinv(filters).astype(np.float32), np.float32(step)
 
 
-def griffin_lim(magnitude, data_config, iterations: int = 32, *, momentum: float = 0.99, seed: int = 0,
-                phase=None) -> tf.Tensor:
+def griffin_lim(magnitude, data_config, iterations: int = 32, *, momentum: float = 0.99, seed: int = 0) -> tf.Tensor:
     """Waveform [..., samples] whose STFT magnitude approximates `magnitude` [..., frames, bins].
 
     The fast variant (Perraudin et al. 2013): each phase estimate is pushed past the previous one
     by `momentum`, which converges in far fewer iterations than plain Griffin-Lim; 0 is plain.
-    `phase` (complex, unit modulus, shaped like `magnitude`) starts it instead of `seed`'s random one.
     """
-    phase = griffin_lim_phase(magnitude, data_config, iterations, momentum=momentum, seed=seed, phase=phase)
+    phase = griffin_lim_phase(magnitude, data_config, iterations, momentum=momentum, seed=seed)
     return istft(tf.cast(magnitude, tf.complex64) * phase, data_config)
 
 
-def griffin_lim_phase(magnitude, data_config, iterations: int = 32, *, momentum: float = 0.99, seed: int = 0,
-                      phase=None) -> tf.Tensor:
+def griffin_lim_phase(magnitude, data_config, iterations: int = 32, *, momentum: float = 0.99, seed: int = 0) -> tf.Tensor:
     """The phase `griffin_lim` ends with: complex64 of modulus 1, shaped like `magnitude`."""
     magnitude = tf.convert_to_tensor(magnitude, tf.float32)
-    if phase is None:
-        angles = initial_angles(magnitude, seed)
-        phase = tf.exp(tf.complex(tf.zeros_like(angles), angles))
+    angles = initial_angles(magnitude, seed)
+    phase = tf.exp(tf.complex(tf.zeros_like(angles), angles))
     magnitude = tf.cast(magnitude, tf.complex64)
     previous = tf.zeros_like(phase)
     factor = tf.complex(momentum / (1.0 + momentum), 0.0)
@@ -108,10 +104,15 @@ def griffin_lim_phase(magnitude, data_config, iterations: int = 32, *, momentum:
     def body(i, phase, previous):
         rebuilt = stft(istft(magnitude * phase, data_config), data_config)
         pushed = rebuilt - factor * previous
-        return i + 1, pushed / tf.cast(tf.maximum(tf.abs(pushed), 1e-8), tf.complex64), rebuilt
+        return i + 1, unit_phase(pushed), rebuilt
 
     _, phase, _ = tf.while_loop(lambda i, *_: i < iterations, body, (tf.constant(0), phase, previous))
     return phase
+
+
+def unit_phase(spectrum) -> tf.Tensor:
+    """`spectrum` (complex64) scaled to modulus 1 bin by bin: its phase alone (a bin of exactly 0 stays 0)."""
+    return spectrum / tf.cast(tf.maximum(tf.abs(spectrum), 1e-8), tf.complex64)
 
 
 # Random initial phases come from one table, repeated along time for longer inputs: the same for a

@@ -221,6 +221,17 @@ def is_vocoder_folder(folder) -> bool:
     return (Path(folder) / WEIGHTS_FILE).is_file() and (Path(folder) / SETTINGS_FILE).is_file()
 
 
+def vocoder_settings(folder) -> dict:
+    """What `save_vocoder` recorded in `folder` ("size", "phase_prior" (absent: "none", as saved before
+    there were priors), "features"); FileNotFoundError naming what a vocoder folder lacks."""
+    folder = Path(folder)
+    for name in (SETTINGS_FILE, WEIGHTS_FILE):
+        if not (folder / name).is_file():
+            raise FileNotFoundError(f"{folder} is not a vocoder folder (no {name}); pass the --output-dir of "
+                                    "utilities/train_vocoder.py, or griffin-lim")
+    return {"phase_prior": "none", **json.loads((folder / SETTINGS_FILE).read_text(encoding="utf-8"))}
+
+
 def load_vocoder(folder, data_config, policy: str = "float32") -> Vocoder:
     """The vocoder saved in `folder` by `save_vocoder`, for mels made with `data_config`, computing in
     `policy` (float32 whatever the global policy, unless told: a training run sets mixed_bfloat16, and
@@ -228,11 +239,7 @@ def load_vocoder(folder, data_config, policy: str = "float32") -> Vocoder:
 
     Raises FileNotFoundError naming what is missing, VocoderMismatch naming every feature key that differs."""
     folder = Path(folder)
-    for name in (SETTINGS_FILE, WEIGHTS_FILE):
-        if not (folder / name).is_file():
-            raise FileNotFoundError(f"{folder} is not a vocoder folder (no {name}); pass the --output-dir of "
-                                    "utilities/train_vocoder.py, or griffin-lim")
-    settings = json.loads((folder / SETTINGS_FILE).read_text(encoding="utf-8"))
+    settings = vocoder_settings(folder)
     differ = [f"data.{key}: vocoder {settings['features'].get(key)!r}, run {getattr(data_config, key)!r}"
               for key in FEATURE_KEYS if settings["features"].get(key) != getattr(data_config, key)]
     if differ:
@@ -241,7 +248,7 @@ def load_vocoder(folder, data_config, policy: str = "float32") -> Vocoder:
     previous = keras.config.dtype_policy()
     keras.config.set_dtype_policy(policy)  # every layer's, not only the outer model's
     try:
-        vocoder = Vocoder(data_config, size=settings["size"], phase_prior=settings.get("phase_prior", "none"))
+        vocoder = Vocoder(data_config, size=settings["size"], phase_prior=settings["phase_prior"])
         vocoder.build()
     finally:
         keras.config.set_dtype_policy(previous)
