@@ -8,12 +8,16 @@
 #                                                  # its log has the loops timed at start and the plan
 #   bash utilities/gpu_measure.sh demo graph 360   # the same without XLA (the loops compiled alone);
 #                                                  # demo auto: XLA or not as the hardware plan picks
-#   bash utilities/gpu_measure.sh diagnose 200     # utilities/diagnose_gpu_bottleneck.py on the demo
+#   bash utilities/gpu_measure.sh diagnose 200 40  # utilities/diagnose_gpu_bottleneck.py on the demo, 40 batches
 #   bash utilities/gpu_measure.sh vocoder 360      # the vocoder's XLA update in float32 and bf16, then
 #                                                  # train_vocoder.py as a user gets it (XLA, bf16)
 #   bash utilities/gpu_measure.sh first            # for a lease of 15 minutes in all, where sending the
 #                                                  # kit takes ~4: the loops per frame (150 s at most),
 #                                                  # then the demo as a user gets it (420 s at most)
+#   bash utilities/gpu_measure.sh lease 540        # everything one call of 540 s can hold, most wanted
+#                                                  # first, each part cut to what is left: the demo as a
+#                                                  # user gets it, the vocoder's XLA bf16 update, the
+#                                                  # diagnosis with its profile of the step
 #
 # Logs go to $OUT (the device tool's folder) or /tmp/gpu-out. Each part is bounded by `timeout`, and a
 # part that fails does not stop the next.
@@ -60,7 +64,7 @@ demo)
 diagnose)
   limit=${2:-200}
   timeout "$limit" python3 utilities/diagnose_gpu_bottleneck.py --config configs/demo.yaml --train-data demo_corpus \
-    --num-batches 40 --json "$out/diagnosis.json" --plot "$out/diagnosis.png" > "$out/diagnosis.txt" 2>&1
+    --num-batches ${3:-40} --json "$out/diagnosis.json" --plot "$out/diagnosis.png" > "$out/diagnosis.txt" 2>&1
   echo "diagnosis rc=$?"; grep -vE "ptxas|^W0|^I0" "$out/diagnosis.txt" | sed -n '/Measurements/,$p' | head -50
   ;;
 vocoder)
@@ -79,5 +83,19 @@ first)
   timeout 150 python3 utilities/benchmark_alignment.py --blocks 1,16 --repeats 5 2>&1 | grep -v "^W0\|ptxas\|^I0" | tee "$out/alignment.txt"
   bash "$0" demo auto 420
   ;;
-*) echo "unknown part: $part (first, loops, demo, diagnose, vocoder)"; exit 2 ;;
+lease)
+  deadline=$(( $(date +%s) + ${2:-540} )); left() { echo $(( deadline - $(date +%s) )); }
+  python3 -m myxtts.hardware > "$out/hardware.txt" 2>&1; grep -iE "gpu|precision|xla|loop" "$out/hardware.txt" | head -10
+  SECONDS=0; [ -f demo_corpus/manifest.jsonl ] || python3 utilities/make_demo_corpus.py --quiet; echo "demo corpus: ${SECONDS}s"
+  limit=$(( $(left) - 60 )); [ $limit -gt 430 ] && limit=430
+  bash "$0" demo auto $limit
+  if [ $(left) -gt 90 ]; then
+    limit=$(( $(left) - 60 )); [ $limit -gt 110 ] && limit=110
+    timeout $limit python3 utilities/benchmark_vocoder.py --train --sizes small --precisions float32,mixed_bfloat16 --xla \
+      --repeats 10 2>&1 | grep -v "^W0\|ptxas\|^I0" | tee "$out/vocoder_step.txt" | tail -8
+  fi
+  [ $(left) -gt 60 ] && bash "$0" diagnose $(( $(left) - 5 )) 20
+  echo "lease: $(left) s left of the call"
+  ;;
+*) echo "unknown part: $part (first, lease, loops, demo, diagnose, vocoder)"; exit 2 ;;
 esac
