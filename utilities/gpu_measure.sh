@@ -75,7 +75,7 @@ vocoder)
   timeout "$limit" python3 utilities/train_vocoder.py --train-data demo_corpus --output-dir /root/runs/vocoder \
     --steps 3600 --quality-clips 0 > "$out/vocoder.log" 2>&1   # the GPU image has no DNSMOS or STOI packages
   echo "train_vocoder rc=$? after ${SECONDS}s"; kill "$smi" 2>/dev/null
-  grep -vE "ptxas|^W0|^I0" "$out/vocoder.log" | grep -E "^(vocoder|step)|rror" | tail -24
+  tr "\r" "\n" < "$out/vocoder.log" | grep -vE "ptxas|^W0|^I0" | grep -E "^(vocoder|step|first step|a step took|Griffin-Lim.s phase of [0-9])|rror" | tail -24
   ;;
 first)
   python3 -m myxtts.hardware > "$out/hardware.txt" 2>&1; grep -iE "gpu|precision|xla" "$out/hardware.txt" | head -8

@@ -158,6 +158,7 @@ def train(args, machine) -> int:
     from myxtts.synthesis import GRIFFIN_LIM, RUN_VOCODER, Synthesizer
     from myxtts.training import distribute
     from myxtts.training.callbacks import VocoderSamples, optimizer_step
+    from myxtts.training.compile_log import CompileTimer
 
     # One host's GPUs (TF_CONFIG's several hosts are train_main.py's alone: here every process would write).
     strategy = distribute.strategy_for(args.gpus or max(len(tf.config.list_physical_devices("GPU")), 1), environ={})
@@ -212,7 +213,7 @@ def train(args, machine) -> int:
             print(f"Griffin-Lim's phase of {count} training clips: {time.monotonic() - started:.0f} s ({held:.0f} MB held)")
 
         def shard_stream(batch, shard, shards):
-            return clip_stream(clips, batch, config.data, seed=config.seed, shard=shard, shards=shards)
+            return clip_stream(clips, batch, config.data, args.segment_frames, seed=config.seed, shard=shard, shards=shards)
     else:
         vocabulary = build_vocabulary(train_rows + val_rows, config.data)
 
@@ -262,7 +263,10 @@ def train(args, machine) -> int:
                       f"weights of the last finite one (try a lower --learning-rate)", flush=True)
                 self.model.stop_training = True
 
+    # The first update's time (tracing, under XLA compiling, the input starting): on an H200 the first
+    # progress line of an XLA run had not come 150 s in, with nothing said meanwhile (BENCHMARKS.md).
     callbacks = [keras.callbacks.BackupAndRestore(str(out / "backup")), Progress(),
+                 CompileTimer(echo=lambda line: print(line, flush=True), xla=jit_compile),
                  keras.callbacks.TensorBoard(str(out / "logs"))]
     if val_rows:  # one validation clip's copy-synthesis, to listen to in TensorBoard as it trains
         callbacks.append(VocoderSamples(vocoder, val_rows[0].audio_path, config.data, str(out / "logs" / "samples"),

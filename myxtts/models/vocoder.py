@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import json
 import math
+import random
 from pathlib import Path
 
 import keras
@@ -404,20 +405,43 @@ def with_griffin_lim_phase(clips: dict, data_config, progress=None) -> dict:
     return {**clips, "phase": tf.RaggedTensor.from_row_lengths(tf.concat(angles, 0), clips["mel_length"])}
 
 
-def clip_stream(clips: dict, batch_size: int, data_config, seed=None, shard: int = 0, shards: int = 1):
-    """Endless shuffled batches of held `clips`, each padded to its longest clip (the mel with the log
-    floor), as `VocoderTrainer` takes them."""
+def clip_stream(clips: dict, batch_size: int, data_config, segment_frames: int, seed=None, shard: int = 0,
+                shards: int = 1):
+    """Endless shuffled batches of held `clips`, one segment of `segment_frames` frames from each at a
+    random first frame (as `segment_starts` draws it; a short clip's frames past its end are the log
+    floor and silence), as `VocoderTrainer` takes them. Cut here, not in the step, so that every batch
+    has one shape: padded to each batch's longest clip, an XLA-compiled step compiled again at every
+    batch (on an H200 the first 50 updates had not finished 150 s in; BENCHMARKS.md)."""
     floor = float(tf.math.log(data_config.log_floor))
-    padding = {"audio": 0.0, "mel_length": 0, "mel": floor}
-    if "phase" in clips:
-        padding["phase"] = tf.constant(0.0, tf.float16)
+    hop = data_config.hop_length
+    samples = (segment_frames - 1) * hop  # what `waveform_segments` cuts for these frames
+
+    def cut(values, begin, size, padding):  # values[begin : begin + size], padded past the end to size
+        piece = values[begin:begin + size]
+        rank = len(values.shape)
+        piece = tf.pad(piece, [[0, size - tf.shape(piece)[0]]] + [[0, 0]] * (rank - 1),
+                       constant_values=tf.cast(padding, values.dtype))
+        return tf.ensure_shape(piece, [size] + values.shape[1:].as_list())
+
+    # Each element's first frame drawn from (seed, its index): the same batches for the same seed, however
+    # many map calls run at once (a stateful random op in a parallel map draws in any order).
+    base = random.randrange(2**31) if seed is None else int(seed)
+
+    def segment(index, clip):  # a ragged clip sliced out of `clips` holds one uniform row: dense first
+        clip = {key: value.to_tensor() if isinstance(value, tf.RaggedTensor) else value for key, value in clip.items()}
+        draw = tf.random.stateless_uniform([], seed=tf.stack([tf.constant(base, tf.int64), index]))
+        last_start = tf.maximum(clip["mel_length"] - segment_frames, 0)  # as `segment_starts` draws it
+        start = tf.cast(tf.floor(draw * tf.cast(last_start + 1, tf.float32)), tf.int32)
+        cut_clip = {"audio": cut(clip["audio"], start * hop, samples, 0.0),
+                    "mel_length": tf.minimum(clip["mel_length"], segment_frames)}  # the step's own draw is then 0
+        for key, padding in (("mel", floor), ("phase", 0.0)):
+            if key in clip:
+                cut_clip[key] = cut(clip[key], start, segment_frames, padding)
+        return cut_clip
+
     count = int(clips["mel_length"].shape[0])
-
-    def dense(clip):  # a ragged clip sliced out of `clips` holds one uniform row: dense for padded_batch
-        return {key: value.to_tensor() if isinstance(value, tf.RaggedTensor) else value for key, value in clip.items()}
-
-    return (tf.data.Dataset.from_tensor_slices(clips).shard(shards, shard).shuffle(count, seed=seed).repeat()
-            .map(dense).padded_batch(batch_size, drop_remainder=True, padding_values=padding).prefetch(2))
+    return (tf.data.Dataset.from_tensor_slices(clips).shard(shards, shard).shuffle(count, seed=seed).repeat().enumerate()
+            .map(segment, num_parallel_calls=tf.data.AUTOTUNE).batch(batch_size, drop_remainder=True).prefetch(2))
 
 
 class SpectrogramDiscriminator(keras.Model):
