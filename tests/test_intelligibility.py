@@ -93,6 +93,24 @@ def test_recordings_score_low_and_white_noise_near_one(demo_corpus):
     assert speech.summary().startswith(f"intelligibility: WER {speech.wer:.3f}")
 
 
+def test_decoding_in_worker_processes_hears_what_one_process_hears(demo_corpus):
+    utterances = read_manifest(demo_corpus)
+    clips = [(*_read_wav(u.audio_path), u.text) for u in utterances[:4]]
+    one = IntelligibilityScorer([u.text for u in utterances], workers=1)
+    two = IntelligibilityScorer([u.text for u in utterances], workers=2)
+    try:
+        alone, beside = one.score(iter(clips)), two.score(iter(clips))  # a generator, as validation passes it
+        assert two._pool is not None  # it did decode in processes
+        again = two.score(clips)  # the processes are kept for the next validation
+    finally:
+        two.close()
+    assert [r.hypothesis for r in beside.rows] == [r.hypothesis for r in alone.rows] == [r.hypothesis for r in again.rows]
+    assert beside.wer == alone.wer and beside.audio_seconds == pytest.approx(alone.audio_seconds)
+    assert beside.decode_seconds > 0 and two._pool is None
+    with pytest.raises(ValueError, match="workers"):
+        IntelligibilityScorer(["a sentence"], workers=0)
+
+
 def test_transcribe_resamples_and_checks_its_input(demo_corpus):
     utterance = read_manifest(demo_corpus)[1]
     recognizer = Recognizer([utterance.text, "something else entirely"])
