@@ -195,6 +195,12 @@ def test_training_takes_the_capacity_plans_route_on_a_known_gpu():
                              calibrate=host(on_the_fly=1000.0, cached=1e7, mel_on_device=1000.0),
                              loop_cost=lambda config, progress: FALLBACK).data.cache_features
     assert any("for 8 GPUs" in line and "for the 8 of them" in line for line in lines), lines
+    assert not any("graph mode" in line for line in lines)  # an XLA step's appetite, said as such
+    lines.clear()
+    apply_input_route(config, h100, echo=lines.append, calibrate=host(on_the_fly=1000.0, cached=1e7, mel_on_device=1000.0),
+                      loop_cost=lambda config, progress: FALLBACK, graph_mode=True)
+    assert any(line.startswith("input route:") and "this run steps in graph mode" in line for line in lines), lines
+    del calibrated[3:]
     del calibrated[3:]
     # A calibration that fails (its sample fills no batch, say) leaves the keys to the run, which says why.
     def failing(config, progress):

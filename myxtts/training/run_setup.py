@@ -87,7 +87,7 @@ def resolve_plan(config: Config, echo=console_echo) -> tuple[Config, str, Plan]:
     # The probes below can take minutes on their first run: a mistyped data path fails before them.
     check_data_paths(config)
     # The input route before the batch probe: with mel_on_device a step holds waveforms and the STFT.
-    config = apply_input_route(config, facts, echo)
+    config = apply_input_route(config, facts, echo, graph_mode=not plan.xla)
     d = config.data
     # The replicas of every host share the effective batch; then measure the batch on this GPU model
     # (cached, and before this process claims GPU memory).
@@ -117,12 +117,17 @@ def _persistent_xla_cache(config: Config, facts: MachineFacts, echo) -> None:
     echo(xla_cache.enable(xla_cache.cache_directory(default_cache_dir(), device, tf.__version__)))
 
 
+# The capacity plan prices an XLA step; the demo's graph-mode step on an H200 ate 3.7x less than it
+# said (BENCHMARKS.md, "On an H200"), on an H100 about 2.5x less than the XLA step measured.
+GRAPH_MODE_NOTE = ("the appetite of an XLA step: this run steps in graph mode, which ate 2.5-3.7x less on an H100 "
+                   "and an H200 for the demo's small model")
+
 # What each route sets: (data.cache_features, data.mel_on_device).
 ROUTE_KEYS = {"on_the_fly": (False, False), "cached_features": (True, False), "mel_on_device": (False, True)}
 
 
 def apply_input_route(config: Config, facts: MachineFacts, echo=console_echo, calibrate=None,
-                      loop_cost=None) -> Config:
+                      loop_cost=None, graph_mode: bool = False) -> Config:
     """The config with data.cache_features / data.mel_on_device set by `hardware.input_route`.
 
     A named route sets them. `auto`, on a GPU the spec-sheet table knows, takes the capacity plan's
@@ -133,6 +138,8 @@ def apply_input_route(config: Config, facts: MachineFacts, echo=console_echo, ca
     `diagnostics.alignment_timing.startup_loop_cost`: timed once per GPU model, then cached), or the
     H100's figure where that timing fails. Anywhere
     else (a CPU, an unknown card, input from a tf.data service) and with `keys`, the two keys stand.
+    The demand is an XLA step's, the most a host must feed; with `graph_mode` (the plan's step is not
+    XLA-compiled) the log says the run will eat less.
     """
     route = config.hardware.input_route
     if route == "keys" or (route == "auto" and config.data.service_address):
@@ -166,7 +173,8 @@ def apply_input_route(config: Config, facts: MachineFacts, echo=console_echo, ca
         plan = capacity.capacity_plans(config, record, [device], facts, loop_iteration_s=cost.seconds_per_frame,
                                        loop_source=cost.source, gpus=gpus)[0]
         route = plan.choice.route
-        echo(f"input route{f' for {gpus} GPUs' if gpus > 1 else ''}: {plan.summary()}")
+        echo(f"input route{f' for {gpus} GPUs' if gpus > 1 else ''}: {plan.summary()}"
+             + (f" ({GRAPH_MODE_NOTE})" if graph_mode else ""))
     cache_features, mel_on_device = ROUTE_KEYS[route]
     if (config.data.cache_features, config.data.mel_on_device) != (cache_features, mel_on_device):
         echo(f"input route {route} (hardware.input_route: {config.hardware.input_route}): "
