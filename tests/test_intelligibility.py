@@ -6,6 +6,7 @@ The speech tests decode about a minute of audio in all (pocketsphinx, ~0.1 s per
 
 import random
 import wave
+from concurrent.futures.process import BrokenProcessPool
 
 import numpy as np
 import pytest
@@ -109,6 +110,19 @@ def test_decoding_in_worker_processes_hears_what_one_process_hears(demo_corpus):
     assert beside.decode_seconds > 0 and two._pool is None
     with pytest.raises(ValueError, match="workers"):
         IntelligibilityScorer(["a sentence"], workers=0)
+
+    # Processes that die (killed; a script without its main guard) cost the speed, not the validation.
+    class Broken:
+        def submit(self, *args):
+            raise BrokenProcessPool("a process in the pool was terminated abruptly")
+
+        def shutdown(self, **kwargs):
+            pass
+
+    two._pool = Broken()
+    with pytest.warns(UserWarning, match="decoding processes failed"):
+        fallen = two.score(iter(clips))
+    assert [r.hypothesis for r in fallen.rows] == [r.hypothesis for r in alone.rows] and two.workers == 1
 
 
 def test_transcribe_resamples_and_checks_its_input(demo_corpus):

@@ -19,11 +19,14 @@ only: for another `data.language` the scorer returns a one-line "skipped" result
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 import tempfile
 import time
+import warnings
 from collections.abc import Iterable, Mapping, Sequence
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 
 import numpy as np
@@ -201,6 +204,9 @@ class Recognizer:
         if peak > 0:
             samples = samples * (_INPUT_PEAK / peak)
         pcm = np.round(samples * 32767.0).astype("<i2")
+        # Each clip heard afresh: without this the features carry state from the clips before, and one
+        # clip in 30 was heard differently in reverse order, so decoding in processes changed the WER.
+        self._decoder.reinit_feat()
         self._decoder.start_utt()
         self._decoder.process_raw(pcm.tobytes(), full_utt=True)
         self._decoder.end_utt()
@@ -319,7 +325,22 @@ class IntelligibilityScorer:
             # spawn: a fork of a process running TensorFlow's threads can deadlock.
             self._pool = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("spawn"),
                                              initializer=_start_worker, initargs=(self.sentences, self._options))
-        return score_intelligibility(clips, self.recognizer, self._pool)
+        if self._pool is None:
+            return score_intelligibility(clips, self.recognizer)
+        clips, seen = iter(clips), []  # what was handed out is kept: decoded here if the processes fail
+
+        def passing():
+            for clip in clips:
+                seen.append(clip)
+                yield clip
+
+        try:
+            return score_intelligibility(passing(), self.recognizer, self._pool)
+        except BrokenProcessPool as error:  # a worker died (killed, or a main module without its guard)
+            warnings.warn(f"intelligibility: the decoding processes failed ({error}); decoding in this process")
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool, self.workers = None, 1
+            return score_intelligibility(itertools.chain(seen, clips), self.recognizer)
 
     def close(self) -> None:
         if self._pool is not None:
