@@ -341,6 +341,10 @@ class SpeechCheck(keras.callbacks.Callback):
         if self.writer is not None:
             self._log_sample(optimizer_step(self.model), first)
 
+    def on_train_end(self, logs=None):
+        if self.scorer is not None:
+            self.scorer.close()  # its decoding processes; a later validation would start them again
+
     def _log_sample(self, step: int, mel) -> None:
         c, to_audio = self.sentences.data_config, self.sentences.to_audio
         mel = tf.constant(mel)
