@@ -4,6 +4,7 @@ speech against white noise, the English-only skip, and pronunciations for words 
 The speech tests decode about a minute of audio in all (pocketsphinx, ~0.1 s per audio second).
 """
 
+import os
 import random
 import wave
 from concurrent.futures.process import BrokenProcessPool
@@ -17,6 +18,7 @@ from myxtts.data.sentences import generate_sentences
 from myxtts.evaluation.intelligibility import (
     IntelligibilityScorer,
     Recognizer,
+    default_workers,
     normalize_text,
     score_intelligibility,
     skip_reason,
@@ -110,6 +112,9 @@ def test_decoding_in_worker_processes_hears_what_one_process_hears(demo_corpus):
     assert beside.decode_seconds > 0 and two._pool is None
     with pytest.raises(ValueError, match="workers"):
         IntelligibilityScorer(["a sentence"], workers=0)
+    # A process per 4 clips at most, up to the usable cores and 8: a few clips decode sooner in this one.
+    cores = len(os.sched_getaffinity(0))
+    assert default_workers(3) == 1 and default_workers(24) == min(cores, 6, 8) and default_workers() == min(cores, 8)
 
     # Processes that die (killed; a script without its main guard) cost the speed, not the validation.
     class Broken:

@@ -59,7 +59,7 @@ def main(argv=None) -> int:
     quiet_tensorflow()
     import numpy as np
 
-    from myxtts.evaluation.intelligibility import IntelligibilityScorer, skip_reason
+    from myxtts.evaluation.intelligibility import IntelligibilityScorer, default_workers, skip_reason
     from myxtts.evaluation.speech import HeldOutSentences, alignment_errors, recordings_wer
     from myxtts.models.vocoder import VocoderMismatch
     from myxtts.synthesis import GRIFFIN_LIM, Synthesizer
@@ -88,7 +88,8 @@ def main(argv=None) -> int:
         mels = sentences.synthesize(network)
         ratios = [len(m) / max(n, 1) for m, n in zip(mels, sentences.recorded_frames)]
     else:
-        scorer = IntelligibilityScorer([u.text for u in train_rows + val_rows], config.data.language)
+        scorer = IntelligibilityScorer([u.text for u in train_rows + val_rows], config.data.language,
+                                       workers=default_workers(len(rows)))
         spoken = sentences.measure(network, scorer)
         ceiling = recordings_wer(rows, config.data, scorer, vocoder)
         mels = spoken.mels

@@ -288,10 +288,11 @@ def _transcribe_in_worker(audio: np.ndarray, sample_rate: int) -> str:
     return _worker_recognizer.transcribe(audio, sample_rate)
 
 
-def default_workers() -> int:
-    """Decoding processes: the usable cores, at most 8 (a validation decodes a few dozen clips)."""
+def default_workers(clips: int | None = None) -> int:
+    """Decoding processes: the usable cores, at most 8, and at most one per 4 of `clips` (a process
+    takes about a second to start: a few clips decode sooner here)."""
     usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(1, min(usable, 8))
+    return max(1, min(usable, 8, clips // 4 if clips is not None else 8))
 
 
 class IntelligibilityScorer:

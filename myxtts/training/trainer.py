@@ -296,7 +296,7 @@ def _speech_check(config: Config, network, train_rows, val_rows, vocabulary, wor
     t = config.training
     if not val_rows or not (t.wer_sentences or t.log_samples or (config.data.unseen_voices_data and t.voice_sentences)):
         return None
-    from myxtts.evaluation.intelligibility import IntelligibilityScorer, skip_reason
+    from myxtts.evaluation.intelligibility import IntelligibilityScorer, default_workers, skip_reason
     from myxtts.evaluation.speech import HeldOutSentences
     from myxtts.evaluation.voices import unseen_voices_for
 
@@ -307,7 +307,8 @@ def _speech_check(config: Config, network, train_rows, val_rows, vocabulary, wor
             echo(f"val_wer: {reason}")
         else:
             # The corpus's own sentences are the recognizer's language model (see intelligibility.py).
-            scorer = IntelligibilityScorer([u.text for u in train_rows + val_rows], config.data.language)
+            scorer = IntelligibilityScorer([u.text for u in train_rows + val_rows], config.data.language,
+                                           workers=default_workers(min(t.wer_sentences, len(val_rows))))
     vocoder = None
     if t.vocoder:
         from myxtts.models.vocoder import load_vocoder
