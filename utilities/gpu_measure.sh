@@ -16,7 +16,8 @@
 #                                                  # then the demo as a user gets it (420 s at most)
 #   bash utilities/gpu_measure.sh lease 540        # everything one call of 540 s can hold, most wanted
 #                                                  # first, each part cut to what is left: the demo as a
-#                                                  # user gets it, the vocoder's XLA bf16 update, the
+#                                                  # user gets it, train_vocoder.py (600 updates), the
+#                                                  # vocoder's XLA update in float32 and bf16, the
 #                                                  # diagnosis with its profile of the step
 #
 # Logs go to $OUT (the device tool's folder) or /tmp/gpu-out. Each part is bounded by `timeout`, and a
@@ -89,6 +90,13 @@ lease)
   SECONDS=0; [ -f demo_corpus/manifest.jsonl ] || python3 utilities/make_demo_corpus.py --quiet; echo "demo corpus: ${SECONDS}s"
   limit=$(( $(left) - 60 )); [ $limit -gt 430 ] && limit=430
   bash "$0" demo auto $limit
+  if [ $(left) -gt 120 ]; then  # train_vocoder.py as a user runs it (XLA, bf16): its first update's compile
+    limit=$(( $(left) - 60 )); [ $limit -gt 200 ] && limit=200; SECONDS=0
+    timeout $limit python3 utilities/train_vocoder.py --train-data demo_corpus --output-dir /root/runs/vocoder_lease \
+      --steps 600 --quality-clips 0 > "$out/vocoder.log" 2>&1
+    echo "train_vocoder rc=$? after ${SECONDS}s"
+    tr "\r" "\n" < "$out/vocoder.log" | grep -E "^(vocoder|step|first step|a step took|Griffin-Lim.s phase of [0-9])|rror" | tail -16
+  fi
   if [ $(left) -gt 90 ]; then
     limit=$(( $(left) - 60 )); [ $limit -gt 110 ] && limit=110
     timeout $limit python3 utilities/benchmark_vocoder.py --train --sizes small --precisions float32,mixed_bfloat16 --xla \
