@@ -168,6 +168,11 @@ def train(args, machine) -> int:
     policy, policy_reason, notes = vocoder_precision(machine, args.precision)
     for note in notes:
         print(f"note: {note}")
+    missing = quality.missing_packages() if args.quality_clips else []
+    if missing:  # said now, not after minutes of training; the vocoder and its sample do not need them
+        print(f"note: the quality measure at the end (--quality-clips) needs {', '.join(missing)}, not installed here: "
+              "skipped (pip install -r requirements-quality.txt, then utilities/measure_quality.py measures it)")
+        args.quality_clips = 0
     config_path = args.config or (Path(args.run) / "config.yaml" if args.run else ROOT / "configs" / "demo.yaml")
     train_data = [f"data.train_data={args.train_data}"] if args.train_data else []
     config = load_config(config_path, overrides=[*train_data, "data.mel_on_device=true", f"data.batch_size={args.batch_size}",

@@ -103,6 +103,17 @@ def stoi(reference: np.ndarray, degraded: np.ndarray, sample_rate: int) -> float
     return float(pystoi_stoi(np.asarray(reference, np.float64), np.asarray(degraded, np.float64), sample_rate, extended=False))
 
 
+# What STOI and DNSMOS import (requirements-quality.txt); PESQ's `pesq` is optional on its own.
+QUALITY_PACKAGES = ("pystoi", "speechmos", "onnxruntime", "librosa")
+
+
+def missing_packages() -> list[str]:
+    """The packages of QUALITY_PACKAGES this environment lacks."""
+    import importlib.util
+
+    return [name for name in QUALITY_PACKAGES if importlib.util.find_spec(name) is None]
+
+
 def pesq_available() -> bool:
     try:
         import pesq  # noqa: F401
