@@ -220,6 +220,7 @@ def run(config, arguments: argparse.Namespace, overrides: list[str]) -> dict:
         host_work=read_all_metrics,
         alignment_loops=setup.alignment_loops,
         profile=True,
+        larger_batch=True,
         compute_capability=facts.gpus[0].compute_capability if facts.gpus else None,
         **common,
     )

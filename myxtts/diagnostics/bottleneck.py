@@ -22,7 +22,7 @@ import tensorflow as tf
 from myxtts.diagnostics import step_profile, timing
 from myxtts.diagnostics.gpu_sampler import GpuSeries, summarize_utilization
 from myxtts.diagnostics.report_schema import SCHEMA_VERSION, validate_report
-from myxtts.diagnostics.verdict import decide, recommend
+from myxtts.diagnostics.verdict import larger_batch_reason, decide, recommend
 
 
 class Sampler(Protocol):
@@ -101,6 +101,7 @@ def diagnose(
     simulated: dict | None = None,
     alignment_loops: LoopsTimer | None = None,
     profile: bool = False,
+    larger_batch: bool = False,
     progress: Callable[[str], None] = lambda message: None,
 ) -> dict:
     """Measure, decide and recommend; returns the report (see `report_schema`).
@@ -114,7 +115,10 @@ def diagnose(
     into the alignment's loops, matrix products and the rest (`step_profile.py`;
     `measurements.step_profile`, null without it or where the profiler failed, with a note).
     `machine["input_plan"]`, when present, is the capacity plan's own data.num_workers for the
-    machine, below which no recommendation goes.
+    machine, below which no recommendation goes. `larger_batch`: where the verdict would advise a
+    larger batch, (b) is timed again on twice the batch (`measurements.larger_batch`), and the advice
+    stands only if that gave at least `verdict.LARGER_BATCH_GAIN` times the samples per second (on the
+    H200 the diagnosis advised batch 32 without having run it).
     """
     progress(f"(a) input pipeline alone: {num_batches} batches")
     pipeline, seen = timing.measure_input_pipeline(dataset, num_batches, progress)
@@ -173,6 +177,10 @@ def diagnose(
     measurements = {"input_pipeline": pipeline, "precompile": compiled, "step_alone": step_alone,
                     "alignment_loops": loops, "step_profile": split, "training": training}
     verdict = decide(training, gpu, pipeline, step_alone, loops, split)
+    measurements["larger_batch"] = None
+    if larger_batch and verdict.kind in ("host-overhead-bound", "compute-bound"):
+        measurements["larger_batch"] = _larger_batch(step, seen[0], step_alone, repeats, progress)
+        verdict.reasons.append(larger_batch_reason(measurements["larger_batch"]))
     overridden = {override.split("=", 1)[0].strip() for override in config_info.get("overrides", [])}
     report = {
         "schema_version": SCHEMA_VERSION,
@@ -189,3 +197,16 @@ def diagnose(
     }
     validate_report(report)
     return report
+
+
+def _larger_batch(step, batch, step_alone: dict, repeats: int, progress) -> dict:
+    """(b) again on `batch` doubled: its batch size, step time and samples per second against (b)'s."""
+    larger = timing.doubled(batch)
+    size = int(next(iter(larger.values())).shape[0])
+    progress(f"(b') the step alone on twice the batch ({size} clips): {repeats} steps")
+    try:
+        timed = timing.measure_step_alone(step, larger, repeats, progress)
+    except tf.errors.ResourceExhaustedError as error:
+        return {"batch": size, "note": f"out of memory: {(str(error).splitlines() or [''])[0][:200]}"}
+    gain = (2 * step_alone["p50_ms"] / timed["p50_ms"]) if timed["p50_ms"] and step_alone["p50_ms"] else None
+    return {"batch": size, "p50_ms": timed["p50_ms"], "warmup_ms": timed["warmup_ms"], "samples_per_s_gain": gain}

@@ -99,6 +99,12 @@ def _measurement_lines(report: dict) -> list[str]:
             rows.insert(at, ("    its profile", f"{_ms(split['busy_ms'])} of {split['source']} per step: alignment loops "
                                               f"{shares['loops']:.0%}, matmuls {shares['matmuls']:.0%}, other "
                                               f"{shares['other']:.0%}  (TensorFlow profiler, {split['steps']} steps)"))
+    larger = m.get("larger_batch")
+    if larger:
+        at = next(i for i, row in enumerate(rows) if row[0].startswith("(c)"))
+        found = (larger["note"] if larger.get("samples_per_s_gain") is None else
+                 f"p50 {_ms(larger['p50_ms'])}   {larger['samples_per_s_gain']:.2f}x the samples/s of (b)")
+        rows.insert(at, (f"    twice the batch ({larger['batch']})", found))
     if pre["shapes"]:
         rows.insert(1, ("compiling before timing", f"{pre['shapes']} batch shape(s) met in (a), {pre['seconds']:.1f} s "
                                                    "(a training run pays this once per shape)"))

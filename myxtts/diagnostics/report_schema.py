@@ -7,11 +7,11 @@ shares are fractions in [0, 1]; utilization is percent; `null` means "not measur
 
 Fields:
 
-- `schema_version`: 5 for this layout (2: `gpu.tensorflow_peak_bytes` added; the memory verdict
+- `schema_version`: 7 for this layout (2: `gpu.tensorflow_peak_bytes` added; the memory verdict
   uses it instead of `gpu.memory_used_bytes`; 3: `gpu.simulated` added; 4: `measurements.alignment_loops`,
   `measurements.step_alone.xla`, `machine.input_plan` and the loop-bound verdict added; 5:
   `static.cpu.oversubscribed`, false for the hardware plan's own count; 6:
-  `measurements.step_profile`); raised when a field changes meaning.
+  `measurements.step_profile`; 7: `measurements.larger_batch`); raised when a field changes meaning.
 - `created_utc`: when the report was made, ISO 8601 in UTC.
 - `config.path`: the YAML given with --config, or null. `config.overrides`: the `key=value`
   overrides applied on top (flags and --set), in order.
@@ -56,6 +56,11 @@ Fields:
   or "cpu ops" without a GPU), `steps`, `busy_ms` (device work per step), `loops_ms` (the
   alignment's loops), `matmuls_ms` (matrix products, convolutions), `other_ms`, and their `shares`
   of `busy_ms` (`shares.loops`, `shares.matmuls`, `shares.other`); only `note` when the profiler failed.
+- `measurements.larger_batch` (null unless the verdict would advise a larger batch and the diagnosis
+  timed it): (b) again on twice the batch (each clip twice, the same bucket shape): `batch` (clips),
+  `p50_ms`, `warmup_ms` (its trace or compile), `samples_per_s_gain` (twice (b)'s `p50_ms` over this
+  one's: above 1, the larger batch moves more clips a second); only `batch` and `note` when it could
+  not be run (out of memory). `data.batch_size` is advised only at a gain of 1.1 or more.
 - `measurements.training`: real training: `steps` run, `compile_steps` (traced or compiled, left
   out of the rest), `steady_steps`, `steps_per_s`, `step_ms` / `input_wait` / `compiled_step` /
   `host_other` (each with `total_s`, `mean_ms`, `p50_ms`, `p95_ms`; the last three with `share` of
@@ -90,7 +95,7 @@ from __future__ import annotations
 
 from typing import Any, Iterator
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 
 _NUMBER = {"type": "number"}
 _OPTIONAL_NUMBER = {"type": ["number", "null"]}
@@ -196,6 +201,10 @@ REPORT_SCHEMA: dict = _object({
             "shares": _object({"loops": _SHARE, "matmuls": _SHARE, "other": _SHARE}),
             "note": {"type": "string"},
         }, nullable=True, required=[]),
+        "larger_batch": _object({
+            "batch": _COUNT, "p50_ms": _NUMBER, "warmup_ms": _NUMBER, "samples_per_s_gain": {"type": ["number", "null"]},
+            "note": {"type": "string"},
+        }, nullable=True, required=["batch"]),
         "training": _object({
             "steps": _COUNT,
             "compile_steps": _COUNT,

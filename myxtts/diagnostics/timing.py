@@ -148,6 +148,11 @@ def run_once(step: CompiledStep, batch) -> float:
     return time.perf_counter() - started
 
 
+def doubled(batch: dict) -> dict:
+    """`batch` with every clip twice: a batch of twice the size, of the same bucket shape."""
+    return {key: tf.concat([value, value], 0) if len(value.shape) else value for key, value in batch.items()}
+
+
 def measure_step_alone(step: CompiledStep, batch, repeats: int, progress=lambda message: None) -> dict:
     """The step on the same in-memory batch `repeats` times, after one untimed warm-up call."""
     warmup_s = run_once(step, batch)

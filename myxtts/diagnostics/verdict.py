@@ -54,6 +54,9 @@ HOST_OVERHEAD_SHARE = 0.20
 # H100 the demo's graph step was launch-bound inside the step with that round trip at 0.5% of it, and
 # steps_per_execution: 4 measured no gain (compiled step 105 ms against 100): recommended from 5% on.
 ROUND_TRIP_SHARE = 0.05
+# A larger batch is advised only where the diagnosis timed it (`measurements.larger_batch`) and it gave
+# at least this many times the samples per second; a report without that timing keeps the advice.
+LARGER_BATCH_GAIN = 1.1
 # The alignment's loops at this share of the step alone, or more, make the step loop-bound. Their
 # iterations run one after another, each too small to fill a GPU, so no batch, precision or input
 # change moves them: only fewer iterations (frames per iteration) or cheaper ones (XLA) do. At 40%
@@ -209,6 +212,27 @@ def memory_share(gpu: dict | None) -> float | None:
     return peak / total if peak is not None and total else None
 
 
+def larger_batch_reason(larger: dict) -> str:
+    """What the timing of twice the batch found, for the verdict's reasons."""
+    if larger.get("samples_per_s_gain") is None:
+        return f"a batch of {larger['batch']} could not be timed ({larger.get('note', 'no time')}), so it is not advised"
+    gain = larger["samples_per_s_gain"]
+    verdict = "advised" if gain >= LARGER_BATCH_GAIN else f"not advised (under {LARGER_BATCH_GAIN:.1f}x)"
+    return (f"twice the batch ({larger['batch']} clips) timed alone: {larger['p50_ms']:.0f} ms a step, "
+            f"{gain:.2f}x the samples/s: {verdict}")
+
+
+def _larger_batch_advice(out, settings: dict, measurements: dict, reason: str) -> None:
+    """data.batch_size doubled, unless the diagnosis timed twice the batch and it did not pay."""
+    batch, larger = settings["batch_size"], measurements.get("larger_batch")
+    if larger is not None:
+        gain = larger.get("samples_per_s_gain")
+        if gain is None or gain < LARGER_BATCH_GAIN:
+            return
+        reason = f"twice the batch measured {gain:.2f}x the samples/s here ({larger['p50_ms']:.0f} ms a step); " + reason
+    out.key("data.batch_size", 2 * batch, reason, batch)
+
+
 def _change(key: str, value: Any) -> str:
     """The YAML line, e.g. `data.cache_features: true` (JSON spells booleans and numbers as YAML does)."""
     return f"{key}: {value if isinstance(value, str) else json.dumps(value)}"
@@ -316,8 +340,8 @@ def recommend(verdict: Verdict, static: dict, measurements: dict, gpu: dict | No
             xla_on("XLA fuses the step into fewer, larger kernels: fewer launches")
         if held is None or held < GPU_MEMORY_ROOMY:
             batch = settings["batch_size"]
-            out.key("data.batch_size", 2 * batch, f"more work per launch ({batch} -> {2 * batch} clips); automatic "
-                    "gradient accumulation keeps the effective batch", batch)
+            _larger_batch_advice(out, settings, measurements, f"more work per launch ({batch} -> {2 * batch} clips); "
+                                 "automatic gradient accumulation keeps the effective batch")
     elif verdict.kind == "memory-bound":
         _precision_change(out, settings, compute_capability, "half-precision activations halve the memory traffic")
         xla_on("XLA fuses element-wise ops, saving round trips through memory")
@@ -331,9 +355,8 @@ def recommend(verdict: Verdict, static: dict, measurements: dict, gpu: dict | No
             xla_on("XLA fuses the step's kernels")
             utilization = (gpu or {}).get("utilization") or {}
             if held is not None and held < GPU_MEMORY_ROOMY and utilization.get("mean", 100) < 80:
-                batch = settings["batch_size"]
-                out.key("data.batch_size", 2 * batch, f"the GPU is not full (TensorFlow's peak {held:.0%} of memory) and "
-                        "not always busy: a larger batch fills it", batch)
+                _larger_batch_advice(out, settings, measurements, f"the GPU is not full (TensorFlow's peak {held:.0%} "
+                                     "of memory) and not always busy: a larger batch fills it")
 
     # Smaller findings, whatever the verdict.
     if verdict.kind != "input-bound" and training["input_share"] >= MODERATELY_INPUT_BOUND:
