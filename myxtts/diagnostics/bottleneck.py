@@ -178,7 +178,9 @@ def diagnose(
                     "alignment_loops": loops, "step_profile": split, "training": training}
     verdict = decide(training, gpu, pipeline, step_alone, loops, split)
     measurements["larger_batch"] = None
-    if larger_batch and verdict.kind in ("host-overhead-bound", "compute-bound"):
+    gpu_on = bool(gpu and (gpu.get("available") or gpu.get("simulated")))
+    # The verdicts that can advise a larger batch (`verdict.recommend`); compute-bound only on a GPU.
+    if larger_batch and (verdict.kind == "host-overhead-bound" or (verdict.kind == "compute-bound" and gpu_on)):
         measurements["larger_batch"] = _larger_batch(step, seen[0], step_alone, repeats, progress)
         verdict.reasons.append(larger_batch_reason(measurements["larger_batch"]))
     overridden = {override.split("=", 1)[0].strip() for override in config_info.get("overrides", [])}
