@@ -22,7 +22,7 @@ import tensorflow as tf
 from myxtts.diagnostics import step_profile, timing
 from myxtts.diagnostics.gpu_sampler import GpuSeries, summarize_utilization
 from myxtts.diagnostics.report_schema import SCHEMA_VERSION, validate_report
-from myxtts.diagnostics.verdict import larger_batch_reason, decide, recommend
+from myxtts.diagnostics.verdict import decide, larger_batch_reason, recommend
 
 
 class Sampler(Protocol):
