@@ -329,8 +329,13 @@ def random_segments(waveforms, mel_length, segment_frames: int, hop_length: int,
 
 def segment_starts(mel_length, segment_frames: int, seed=None) -> tf.Tensor:
     """[B] int32: a random first frame per clip, with `segment_frames` frames inside its `mel_length`."""
-    last_start = tf.maximum(mel_length - segment_frames, 0)  # [B] frames
-    draw = tf.random.uniform(tf.shape(mel_length), 0.0, 1.0, seed=seed)
+    return first_frames(tf.random.uniform(tf.shape(mel_length), 0.0, 1.0, seed=seed), mel_length, segment_frames)
+
+
+def first_frames(draw, mel_length, segment_frames: int) -> tf.Tensor:
+    """int32 first frames for uniform `draw`s in [0, 1), shaped like `mel_length`: every start that
+    leaves `segment_frames` frames inside the clip equally likely (0 for a shorter clip)."""
+    last_start = tf.maximum(mel_length - segment_frames, 0)
     return tf.cast(tf.floor(draw * tf.cast(last_start + 1, tf.float32)), tf.int32)
 
 
@@ -430,8 +435,7 @@ def clip_stream(clips: dict, batch_size: int, data_config, segment_frames: int, 
     def segment(index, clip):  # a ragged clip sliced out of `clips` holds one uniform row: dense first
         clip = {key: value.to_tensor() if isinstance(value, tf.RaggedTensor) else value for key, value in clip.items()}
         draw = tf.random.stateless_uniform([], seed=tf.stack([tf.constant(base, tf.int64), index]))
-        last_start = tf.maximum(clip["mel_length"] - segment_frames, 0)  # as `segment_starts` draws it
-        start = tf.cast(tf.floor(draw * tf.cast(last_start + 1, tf.float32)), tf.int32)
+        start = first_frames(draw, clip["mel_length"], segment_frames)
         cut_clip = {"audio": cut(clip["audio"], start * hop, samples, 0.0),
                     "mel_length": tf.minimum(clip["mel_length"], segment_frames)}  # the step's own draw is then 0
         for key, padding in (("mel", floor), ("phase", 0.0)):
