@@ -54,17 +54,18 @@ class CompileTimer(keras.callbacks.Callback):
             # log named none of the five compiles after its first step).
             self._first_steps.append(took)
             if self._steps == self.warmup:
-                fastest = min(self._first_steps)
-                for earlier in self._first_steps:
-                    self._judge(earlier, fastest, f"the fastest of the first {self.warmup}")
+                self._judge_first_steps()
         else:
             self._judge(took, statistics.median(self._recent) if self._recent else took, "a median")
 
+    def _judge_first_steps(self) -> None:
+        fastest = min(self._first_steps)
+        for earlier in self._first_steps:
+            self._judge(earlier, fastest, f"the fastest of the first {self._steps}")
+
     def on_train_end(self, logs=None):
         if self._first_steps and self._steps < self.warmup:  # a run shorter than the warm-up
-            fastest = min(self._first_steps)
-            for earlier in self._first_steps:
-                self._judge(earlier, fastest, f"the fastest of the first {self._steps}")
+            self._judge_first_steps()
         if len(self.compile_seconds) > 1:
             self.echo(f"compiling: {len(self.compile_seconds)} batch shapes took {sum(self.compile_seconds):.0f} s "
                       f"of this run (the first step and {len(self.compile_seconds) - 1} more)")
