@@ -22,7 +22,7 @@ import tensorflow as tf
 from myxtts.diagnostics import step_profile, timing
 from myxtts.diagnostics.gpu_sampler import GpuSeries, summarize_utilization
 from myxtts.diagnostics.report_schema import SCHEMA_VERSION, validate_report
-from myxtts.diagnostics.verdict import decide, larger_batch_reason, recommend
+from myxtts.diagnostics.verdict import decide, gpu_present, larger_batch_reason, recommend
 
 
 class Sampler(Protocol):
@@ -178,9 +178,8 @@ def diagnose(
                     "alignment_loops": loops, "step_profile": split, "training": training}
     verdict = decide(training, gpu, pipeline, step_alone, loops, split)
     measurements["larger_batch"] = None
-    gpu_on = bool(gpu and (gpu.get("available") or gpu.get("simulated")))
     # The verdicts that can advise a larger batch (`verdict.recommend`); compute-bound only on a GPU.
-    if larger_batch and (verdict.kind == "host-overhead-bound" or (verdict.kind == "compute-bound" and gpu_on)):
+    if larger_batch and (verdict.kind == "host-overhead-bound" or (verdict.kind == "compute-bound" and gpu_present(gpu))):
         measurements["larger_batch"] = _larger_batch(step, seen[0], step_alone, repeats, progress)
         verdict.reasons.append(larger_batch_reason(measurements["larger_batch"]))
     overridden = {override.split("=", 1)[0].strip() for override in config_info.get("overrides", [])}

@@ -95,7 +95,7 @@ def decide(training: dict, gpu: dict | None, pipeline: dict | None = None, step_
     how to measure it (XLA is recommended only after it ran here).
     """
     verdict = _decide(training, gpu, pipeline, step_alone, alignment_loops, step_profile)
-    gpu_on = bool(gpu and (gpu.get("available") or gpu.get("simulated")))
+    gpu_on = gpu_present(gpu)
     if _wants_xla(verdict.kind, gpu_on) and (step_alone or {}).get("xla") is False:
         verdict.reasons.append(f"XLA did not run in this diagnosis (the step was timed without it), so it is not "
                                f"recommended: to try it, {TRY_XLA}")
@@ -206,6 +206,11 @@ def _decide(training, gpu, pipeline, step_alone, alignment_loops, step_profile) 
         f"the compiled step is {compiled_share:.0%} of the step: the model's own math is the limit{where}"])
 
 
+def gpu_present(gpu: dict | None) -> bool:
+    """Whether the report's `gpu` section stands for a GPU: one sampled, or a simulated one."""
+    return bool(gpu and (gpu.get("available") or gpu.get("simulated")))
+
+
 def memory_share(gpu: dict | None) -> float | None:
     """TensorFlow's allocator peak over the card's memory, or None when either is unknown."""
     peak, total = (gpu or {}).get("tensorflow_peak_bytes"), (gpu or {}).get("memory_total_bytes")
@@ -271,7 +276,7 @@ def recommend(verdict: Verdict, static: dict, measurements: dict, gpu: dict | No
     training = measurements["training"]
     out = _Ranked(settings)
     # A simulated GPU counts for the advice that only makes sense with one (prefetch to it, mel on it).
-    gpu_on = bool(gpu and (gpu.get("available") or gpu.get("simulated")))
+    gpu_on = gpu_present(gpu)
     held = memory_share(gpu)
 
     def xla_on(reason: str):
