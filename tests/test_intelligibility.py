@@ -19,6 +19,7 @@ from myxtts.evaluation.intelligibility import (
     IntelligibilityScorer,
     Recognizer,
     default_workers,
+    read_pcm16,
     normalize_text,
     score_intelligibility,
     skip_reason,
@@ -128,6 +129,19 @@ def test_decoding_in_worker_processes_hears_what_one_process_hears(demo_corpus):
     with pytest.warns(UserWarning, match="decoding processes failed"):
         fallen = two.score(iter(clips))
     assert [r.hypothesis for r in fallen.rows] == [r.hypothesis for r in alone.rows] and two.workers == 1
+
+
+def test_read_pcm16_reads_as_soundfile_does_and_names_another_format(demo_corpus, tmp_path):
+    import soundfile
+
+    path = read_manifest(demo_corpus)[0].audio_path
+    samples, rate = read_pcm16(path)
+    expected, expected_rate = soundfile.read(path, dtype="float32")
+    assert rate == expected_rate and np.array_equal(samples, expected)
+    stereo = tmp_path / "stereo.wav"
+    soundfile.write(stereo, np.zeros((100, 2), np.float32), 16_000, subtype="PCM_16")
+    with pytest.raises(ValueError, match="stereo.wav: 16-bit mono WAV expected"):
+        read_pcm16(stereo)
 
 
 def test_transcribe_resamples_and_checks_its_input(demo_corpus):

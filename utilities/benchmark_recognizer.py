@@ -14,23 +14,15 @@ import argparse
 import statistics
 import sys
 import time
-import wave
 from pathlib import Path
 
-import numpy as np
-
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def read_wav(path) -> tuple[np.ndarray, int]:
-    with wave.open(str(path), "rb") as clip:
-        return np.frombuffer(clip.readframes(clip.getnframes()), "<i2").astype(np.float32) / 32768.0, clip.getframerate()
 
 
 def main(argv=None) -> int:
     sys.path.insert(0, str(ROOT))
     from myxtts.data.manifest import read_manifest
-    from myxtts.evaluation.intelligibility import IntelligibilityScorer, default_workers
+    from myxtts.evaluation.intelligibility import IntelligibilityScorer, default_workers, read_pcm16
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
@@ -41,7 +33,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     counts = [int(n) for n in (args.workers or f"1,{default_workers()}").split(",")]
     rows = read_manifest(args.train_data)
-    clips = [(*read_wav(u.audio_path), u.text) for u in rows[: args.clips]]
+    clips = [(*read_pcm16(u.audio_path), u.text) for u in rows[: args.clips]]
     seconds = sum(len(a) / rate for a, rate, _ in clips)
     times, wers = {n: [] for n in counts}, {n: set() for n in counts}
     for _ in range(args.repeats):

@@ -94,15 +94,12 @@ def main(argv=None) -> int:
 
 
 def _read_wav(path):
-    import wave
+    from myxtts.evaluation.intelligibility import read_pcm16
 
-    import numpy as np
-
-    with wave.open(path, "rb") as wav:
-        if wav.getsampwidth() != 2 or wav.getnchannels() != 1:
-            raise SystemExit(f"{path}: 16-bit mono WAV expected; convert it with utilities/prepare_dataset.py")
-        pcm = np.frombuffer(wav.readframes(wav.getnframes()), "<i2")
-        return pcm.astype(np.float32) / 32768.0, wav.getframerate()
+    try:
+        return read_pcm16(path)
+    except ValueError as error:
+        raise SystemExit(str(error)) from None
 
 
 def _griffin_lim_of_recording(data_config, iterations):

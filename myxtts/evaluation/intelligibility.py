@@ -214,6 +214,17 @@ class Recognizer:
         return normalize_text(hypothesis.hypstr) if hypothesis is not None else ""
 
 
+def read_pcm16(path) -> tuple[np.ndarray, int]:
+    """(float samples in [-1, 1), sample rate) of a 16-bit mono WAV clip, as corpora hold them;
+    ValueError naming the file for any other format."""
+    import wave
+
+    with wave.open(str(path), "rb") as clip:
+        if clip.getsampwidth() != 2 or clip.getnchannels() != 1:
+            raise ValueError(f"{path}: 16-bit mono WAV expected; convert it with utilities/prepare_dataset.py")
+        return np.frombuffer(clip.readframes(clip.getnframes()), "<i2").astype(np.float32) / 32768.0, clip.getframerate()
+
+
 # ---------------------------------------------------------------------------------------- scoring
 
 @dataclass(frozen=True)
