@@ -22,6 +22,7 @@ Hooks used through this module:
     adam_moments                  Adam._momentums, Adam._velocities    training/optimizers.py
     maybe_merge_call              tf.__internal__...maybe_merge_call   training/prodigy.py
     time_batch_fetches            how Keras' TF trainer steps an iterator (see its docstring)
+    keras_step_function           the closure of Keras' TF trainer's train function
     frozen_function               convert_to_constants.convert_variables_to_constants_v2  export_tflite.py
 
 Methods our subclasses override (checked by `check_versions`, listed in `OVERRIDDEN`):
@@ -274,6 +275,12 @@ def time_batch_fetches(model) -> BatchFetchClock:
     not the step). The price: with `steps_per_execution` > 1 the steps of one call are dispatched
     from Python one by one rather than from one compiled loop (callbacks still run once per call).
     A distributed iterator (several replicas) is passed through untimed.
+
+    Keras then calls its step with eager batches of concrete shapes, and `reduce_retracing` traced
+    the step twice: once for the first batch's shape, once more, with unknown lengths, for the
+    second bucket's (15 s on an H200's host, BENCHMARKS.md). So on its first call the step is traced
+    once for the pipeline's own element spec, whose lengths are unknown: every bucket uses that trace
+    (`traced_for_spec`). XLA still compiles one program per shape.
     """
     import tensorflow as tf
 
@@ -288,8 +295,12 @@ def time_batch_fetches(model) -> BatchFetchClock:
         if getattr(keras_function, "_myxtts_timed", False):
             return keras_function
 
+        step = keras_step_function(keras_function)
+
         def train_function(iterator):
             if isinstance(iterator, tf.data.Iterator):
+                if step is not None:
+                    traced_for_spec(step, iterator.element_spec)
                 wrapper = timed.get(id(iterator))
                 if wrapper is None or wrapper.inner is not iterator:
                     timed.clear()
@@ -304,6 +315,27 @@ def time_batch_fetches(model) -> BatchFetchClock:
     model.make_train_function = make_train_function
     model.train_function = None  # built again, wrapped, by the next fit
     return clock
+
+
+def keras_step_function(train_function):
+    """The `tf.function` that runs one step inside the train function Keras' TF trainer made
+    (`_make_function`: its `one_step_on_data`, wrapped by `_autoconvert_optionals`), or None where
+    this Keras builds it otherwise or runs eagerly (tests/test_input_wait.py holds it to one trace)."""
+    code, closure = getattr(train_function, "__code__", None), getattr(train_function, "__closure__", None)
+    if code is None or closure is None or "one_step_on_data" not in code.co_freevars:
+        return None
+    step = closure[code.co_freevars.index("one_step_on_data")].cell_contents
+    step = getattr(step, "__wrapped__", step)
+    return step if hasattr(step, "get_concrete_function") else None
+
+
+def traced_for_spec(function, spec) -> None:
+    """Traces the `tf.function` `function` once for `spec` (a nest of `tf.TensorSpec`, e.g. a
+    dataset's `element_spec`), unless it has been traced already. A call with concrete shapes that
+    fit the spec then runs that trace instead of tracing its own (`reduce_retracing` would trace the
+    first shape exactly, and relax only at the second)."""
+    if function.experimental_get_tracing_count() == 0:
+        function.get_concrete_function(spec)
 
 
 def frozen_function(concrete_function):

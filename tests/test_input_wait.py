@@ -14,6 +14,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from myxtts.compat import traced_for_spec
 from myxtts.training.callbacks import ProgressLogger
 
 INPUT_S = 0.1
@@ -124,3 +125,43 @@ def test_a_training_run_that_copies_batches_to_the_gpu_still_logs_input_wait(dem
     assert copied == [True] and result.step == 3
     assert [r["step"] for r in result.history] == [1, 2, 3]
     assert all(0 <= r["input_wait_ms"] <= 1000 * r["step_time_s"] for r in result.history), result.history
+
+
+class TracedShapes(keras.Model):
+    """A train step that records the batch shape of every trace of it."""
+
+    def __init__(self):
+        super().__init__()
+        self.traced = []
+
+    def train_step(self, batch):
+        self.traced.append(tuple(batch["x"].shape))
+        self.optimizer.iterations.assign_add(1)
+        return {"loss": tf.reduce_sum(batch["x"])}
+
+
+def test_timed_fetches_trace_the_step_once_for_every_bucket(tmp_path):
+    # Batches of two lengths, as two buckets give. Keras steps a timed fetch's eager batches one by one;
+    # with `reduce_retracing` that traced the first length exactly and again for the second (15 s on
+    # an H200's host for the demo's model): the pipeline's element spec, whose length is unknown, is
+    # traced instead, once.
+    batches = tf.data.Dataset.range(8).map(lambda i: {"x": tf.zeros(tf.stack([2, 3 + i % 2 * 2]))})
+    assert batches.element_spec["x"].shape.as_list() == [2, None]
+    batches = batches.repeat().prefetch(2).apply(tf.data.experimental.prefetch_to_device("/cpu:0"))
+    progress = ProgressLogger(interval=1, max_steps=6, samples_per_update=1, log_dir=str(tmp_path), echo=lambda line: None)
+    model = TracedShapes()
+    model.compile(optimizer=keras.optimizers.SGD())
+    progress.watch_fetches(model)
+    model.fit(batches, steps_per_epoch=6, epochs=1, callbacks=[progress], verbose=0)
+    assert model.traced == [(2, None)]
+    assert int(model.optimizer.iterations) == 6
+
+
+def test_traced_for_spec_serves_every_shape_that_fits_from_one_trace():
+    traced = []
+    function = tf.function(lambda x: traced.append(tuple(x.shape)) or tf.reduce_sum(x), reduce_retracing=True)
+    traced_for_spec(function, tf.TensorSpec([2, None], tf.float32))
+    traced_for_spec(function, tf.TensorSpec([2, 7], tf.float32))  # traced already: nothing more
+    for length in (3, 5, 9):
+        assert float(function(tf.ones([2, length]))) == 2 * length
+    assert traced == [(2, None)]

@@ -206,7 +206,8 @@ def run(config, arguments: argparse.Namespace, overrides: list[str]) -> dict:
               f"(XLA {'on' if config.training.enable_xla_compilation else 'off'}, policy {prepared.policy})")
     sample = next(iter(prepared.dataset.take(1)))  # as train() builds its variables
     setup = build_training_setup(config, len(prepared.vocabulary), prepared.policy, sample,
-                                 silent_token=prepared.vocabulary.word_boundary_id)
+                                 silent_token=prepared.vocabulary.word_boundary_id,
+                                 batch_spec=prepared.dataset.element_spec)
 
     sampler = UtilizationSampler(nvml_index=facts.gpus[0].nvml_index or 0) if facts.gpus else None
     # The memory verdict rests on what TensorFlow's allocator held on the trained GPU (CUDA's first).

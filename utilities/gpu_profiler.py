@@ -61,7 +61,8 @@ def main(argv: list[str] | None = None) -> int:
         prepared = prepare_run(config, echo=progress)
         sample = next(iter(prepared.dataset.take(1)))  # as train() builds its variables
         setup = build_training_setup(prepared.config, len(prepared.vocabulary), prepared.policy, sample,
-                                     silent_token=prepared.vocabulary.word_boundary_id)
+                                     silent_token=prepared.vocabulary.word_boundary_id,
+                                     batch_spec=prepared.dataset.element_spec)
         trace = capture_trace(prepared.dataset, setup.step, arguments.steps, logdir, progress=progress)
     except (ConfigError, ManifestError, FileNotFoundError) as error:
         print(f"error: {error}", file=sys.stderr)

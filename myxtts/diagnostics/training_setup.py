@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import keras
 import tensorflow as tf
 
+from myxtts.compat import traced_for_spec
 from myxtts.config import Config
 from myxtts.data.manifest import Utterance
 from myxtts.data.pipeline import build_dataset
@@ -57,11 +58,13 @@ class TrainingSetup:
 
 
 def build_training_setup(config: Config, vocab_size: int, policy: str, sample_batch: dict,
-                         silent_token: int = -1) -> TrainingSetup:
+                         silent_token: int = -1, batch_spec=None) -> TrainingSetup:
     """Network, optimizer and compiled step for a config whose automatic values are resolved.
 
     Sets the global Keras dtype policy to `policy`, as training does; `sample_batch`, a batch of
     the training dataset, builds every variable (network and optimizer) before the step is compiled.
+    `batch_spec` (the dataset's `element_spec`): the step is traced once for it, at its first call,
+    as training traces it, rather than for the first batch's shape and again for the second's.
     """
     t = config.training
     keras.config.set_dtype_policy(policy)
@@ -71,7 +74,12 @@ def build_training_setup(config: Config, vocab_size: int, policy: str, sample_ba
 
     xla = bool(t.enable_graph_mode and t.enable_xla_compilation)
     if t.enable_graph_mode:
-        run = tf.function(model.train_step, jit_compile=xla, reduce_retracing=True)
+        function = tf.function(model.train_step, jit_compile=xla, reduce_retracing=True)
+
+        def run(batch):
+            if batch_spec is not None:
+                traced_for_spec(function, batch_spec)
+            return function(batch)
     else:
         run = model.train_step
     step = CompiledStep(run=run, finish=_read_scalar, traces=lambda: model.train_step_traces, xla=xla)
