@@ -56,6 +56,20 @@ def test_fused_adamw_writes_the_ops_it_says():
     assert ops_per_apply["fused"] * 2 < ops_per_apply["keras"], ops_per_apply
 
 
+def test_fused_adamw_makes_what_the_variables_share_once_per_update():
+    def ops(count):
+        variables = [keras.Variable(tf.ones([2, 2])) for _ in range(count)]
+        optimizer = FusedAdamW(WarmupHoldDecay(1e-3, 2, 10, 5), weight_decay=0.01)
+        optimizer.build(variables)
+        graph = tf.function(lambda: optimizer.apply([tf.ones([2, 2])] * count, variables)).get_concrete_function().graph
+        return len(graph.get_operations())
+
+    # Each further variable adds its own ops only: the handles of it and its two moments, a read, the
+    # decay's Mul and AssignSub, ResourceApplyAdam and Keras' Identity (22 when each variable cast the
+    # rates and raised the betas to the step itself; the graph-mode step runs every one of them).
+    assert (ops(10) - ops(5)) / 5 <= 8
+
+
 def test_amsgrad_is_refused():
     with pytest.raises(ValueError, match="amsgrad"):
         FusedAdamW(amsgrad=True)

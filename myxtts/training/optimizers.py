@@ -12,6 +12,7 @@ schedule is stretched by the accumulation factor to stay in optimizer updates.
 from __future__ import annotations
 
 import math
+import threading
 
 import keras
 import tensorflow as tf
@@ -72,7 +73,11 @@ class FusedAdamW(keras.optimizers.AdamW):
     decay: for the ~100 variables of the tiny model that was half the time of tracing the train
     step (the weight decay's schedule alone about a second of each trace), and as many ops per
     step for a graph-mode executor to dispatch. Here the schedule is evaluated once per update
-    and each variable costs two ops: its decay and the fused Adam update.
+    and each variable costs two ops: its decay and the fused Adam update. What every variable's
+    update shares (the step, the bias corrections, the rates in the variable's dtype) is computed
+    once per update too (`_shared`): per variable it had cost ~7 more ops (a read of `iterations`,
+    two `Pow`s, casts), ~1,000 of the ~4,000 ops a graph-mode step of the small model ran, and a
+    graph-mode step on a GPU is host-bound on those ops (BENCHMARKS.md, "On an H200").
     """
 
     def __init__(self, *args, **kwargs):
@@ -80,23 +85,53 @@ class FusedAdamW(keras.optimizers.AdamW):
         if self.amsgrad:
             raise ValueError("FusedAdamW has no amsgrad; use keras.optimizers.AdamW")
 
+    def _backend_update_step(self, grads, trainable_variables, learning_rate):  # private Keras: compat.OVERRIDDEN
+        # One update of every variable: their shared tensors are made once, for the first variable
+        # of each dtype and device, and kept for this update only. Thread-local: the replicas of a
+        # MirroredStrategy trace their updates in threads at once.
+        outer = getattr(_UPDATE, "shared", None)
+        _UPDATE.shared = {}
+        try:
+            super()._backend_update_step(grads, trainable_variables, learning_rate)
+        finally:
+            _UPDATE.shared = outer
+
+    def _shared(self, learning_rate, variable) -> dict:
+        """The tensors every variable's update shares, in `variable`'s dtype."""
+        dtype = variable.dtype
+        key = (id(self), dtype, variable.device)
+        cache = getattr(_UPDATE, "shared", None)
+        if cache is not None and key in cache:
+            return cache[key]
+        lr = tf.cast(learning_rate, dtype)
+        step = tf.cast(self.iterations + 1, dtype)
+        beta_1, beta_2 = tf.cast(self.beta_1, dtype), tf.cast(self.beta_2, dtype)
+        shared = {"lr": lr, "beta_1": beta_1, "beta_2": beta_2, "epsilon": tf.cast(self.epsilon, dtype),
+                  "beta1_power": tf.pow(beta_1, step), "beta2_power": tf.pow(beta_2, step),
+                  "decay": lr * tf.cast(self.weight_decay, dtype) if self.weight_decay is not None else None}
+        if cache is not None:
+            cache[key] = shared
+        return shared
+
     def _apply_weight_decay(self, variables):  # a private Keras method: compat.OVERRIDDEN
         # Applied with each variable's update instead (update_step), with the update's learning rate.
         pass
 
     def update_step(self, gradient, variable, learning_rate):
         dtype = variable.dtype
-        lr = tf.cast(learning_rate, dtype)
-        if self.weight_decay is not None and compat.uses_weight_decay(self, variable):
+        shared = self._shared(learning_rate, variable)
+        if shared["decay"] is not None and compat.uses_weight_decay(self, variable):
             # Decoupled decay, as AdamW: from the variable before its Adam update.
-            variable.assign_sub(variable * (lr * tf.cast(self.weight_decay, dtype)))
-        step = tf.cast(self.iterations + 1, dtype)
+            variable.assign_sub(variable * shared["decay"])
         m, v = compat.adam_moments(self, variable)
         tf.raw_ops.ResourceApplyAdam(
             var=_handle(variable), m=_handle(m), v=_handle(v),
-            beta1_power=tf.pow(tf.cast(self.beta_1, dtype), step), beta2_power=tf.pow(tf.cast(self.beta_2, dtype), step),
-            lr=lr, beta1=tf.cast(self.beta_1, dtype), beta2=tf.cast(self.beta_2, dtype),
-            epsilon=tf.cast(self.epsilon, dtype), grad=tf.cast(gradient, dtype))
+            beta1_power=shared["beta1_power"], beta2_power=shared["beta2_power"], lr=shared["lr"],
+            beta1=shared["beta_1"], beta2=shared["beta_2"], epsilon=shared["epsilon"], grad=tf.cast(gradient, dtype))
+
+
+# The shared tensors of the update being traced in this thread (FusedAdamW._backend_update_step).
+_UPDATE = threading.local()
 
 
 def _handle(variable):
