@@ -28,7 +28,7 @@ Hooks used through this module:
 Methods our subclasses override (checked by `check_versions`, listed in `OVERRIDDEN`):
 `keras.Model._maybe_symbolic_build` (training/step.py) and `Optimizer._backend_update_step`,
 `Optimizer._apply_weight_decay` (training/prodigy.py, and training/optimizers.py's FusedAdamW, which
-also overrides `_backend_update_step`).
+also overrides `_backend_update_step` and `_clip_gradients`).
 
 To support a new Keras minor: install it, run `pytest tests/test_compat.py tests/test_prodigy.py
 tests/test_distribute.py tests/test_input_wait.py tests/test_interrupts.py`, and when they pass add
@@ -51,6 +51,7 @@ OVERRIDDEN = (
     ("keras.optimizers", "Optimizer", "_apply_weight_decay", "myxtts/training/prodigy.py Prodigy"),
     ("keras.optimizers", "AdamW", "_apply_weight_decay", "myxtts/training/optimizers.py FusedAdamW"),
     ("keras.optimizers", "AdamW", "_backend_update_step", "myxtts/training/optimizers.py FusedAdamW"),
+    ("keras.optimizers", "AdamW", "_clip_gradients", "myxtts/training/optimizers.py FusedAdamW"),
 )
 
 _checked = False

@@ -11,6 +11,7 @@ schedule is stretched by the accumulation factor to stay in optimizer updates.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import threading
 
@@ -113,6 +114,19 @@ class FusedAdamW(keras.optimizers.AdamW):
             cache[key] = shared
         return shared
 
+    def _clip_gradients(self, grads):  # private Keras: compat.OVERRIDDEN
+        # Keras' clip_by_global_norm, by the norm the train step computed already (`gradient_norm_known`)
+        # rather than a second time (a Square and a Sum per variable): not when accumulating, where
+        # the averaged gradients of several micro-batches are clipped.
+        norm = getattr(_UPDATE, "norm", None)
+        if (norm is None or not self.global_clipnorm or self.clipnorm or self.clipvalue
+                or self.gradient_accumulation_steps):
+            return super()._clip_gradients(grads)
+        norm = tf.cast(norm, tf.float32)
+        # A NaN or infinite norm makes every gradient NaN, as Keras' does.
+        scale = self.global_clipnorm * tf.minimum(1.0 / norm, 1.0 / self.global_clipnorm) + (norm - norm)
+        return [None if g is None else g * tf.cast(scale, g.dtype) for g in grads]
+
     def _apply_weight_decay(self, variables):  # a private Keras method: compat.OVERRIDDEN
         # Applied with each variable's update instead (update_step), with the update's learning rate.
         pass
@@ -130,8 +144,21 @@ class FusedAdamW(keras.optimizers.AdamW):
             beta1=shared["beta_1"], beta2=shared["beta_2"], epsilon=shared["epsilon"], grad=tf.cast(gradient, dtype))
 
 
-# The shared tensors of the update being traced in this thread (FusedAdamW._backend_update_step).
+# What the update being traced in this thread shares: `shared`, its tensors per dtype and device
+# (FusedAdamW._backend_update_step); `norm`, its gradients' global norm (gradient_norm_known).
 _UPDATE = threading.local()
+
+
+@contextlib.contextmanager
+def gradient_norm_known(norm):
+    """Inside it, FusedAdamW clips the gradients it applies by `norm`, their global norm (unscaled,
+    under loss scaling), which the caller computed already."""
+    outer = getattr(_UPDATE, "norm", None)
+    _UPDATE.norm = norm
+    try:
+        yield
+    finally:
+        _UPDATE.norm = outer
 
 
 def _handle(variable):

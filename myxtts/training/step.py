@@ -22,6 +22,7 @@ from myxtts.data.pipeline import mel_from_audio
 from myxtts.models.alignment import AlignmentLoops
 from myxtts.models.losses import LOSS_NAMES, SPEAKER_LOSS, compute_losses
 from myxtts.training.distribute import all_reduce_mean, reducible_logs
+from myxtts.training.optimizers import gradient_norm_known
 
 
 # The variable dtypes TensorFlow keeps in a GPU's memory. It places int32 variables (and the other
@@ -87,11 +88,12 @@ class TrainingModel(keras.Model):
         grad_norm = tf.linalg.global_norm(gradients) / scale  # [] the unscaled norm
         finite = tf.math.logical_and(tf.math.is_finite(losses["loss"]), tf.math.is_finite(grad_norm))
 
-        if isinstance(self.optimizer, keras.optimizers.LossScaleOptimizer):
-            # It skips non-finite steps itself and lowers the scale: that is normal in fp16.
-            self.optimizer.apply(gradients, variables)
-        else:
-            tf.cond(finite, lambda: applied(gradients, variables, self.optimizer), lambda: tf.constant(False))
+        with gradient_norm_known(grad_norm):  # FusedAdamW clips by it rather than computing it again
+            if isinstance(self.optimizer, keras.optimizers.LossScaleOptimizer):
+                # It skips non-finite steps itself and lowers the scale: that is normal in fp16.
+                self.optimizer.apply(gradients, variables)
+            else:
+                tf.cond(finite, lambda: applied(gradients, variables, self.optimizer), lambda: tf.constant(False))
         self.nonfinite_in_a_row.assign(tf.where(finite, tf.constant(0, tf.int64), self.nonfinite_in_a_row + 1))
 
         for name, tracker in self.loss_trackers.items():
