@@ -56,6 +56,7 @@ class TrainingModel(keras.Model):
         self.nonfinite_in_a_row = keras.Variable(0, dtype="int64", trainable=False, name="nonfinite_in_a_row")
         # Python code in a step runs only while tracing: this counts traces, not steps.
         self.train_step_traces = 0
+        self.update_compiled = None
 
     def call(self, batch, training=False):
         return self.network(self.with_mel(batch), training=training)
@@ -88,12 +89,10 @@ class TrainingModel(keras.Model):
         grad_norm = tf.linalg.global_norm(gradients) / scale  # [] the unscaled norm
         finite = tf.math.logical_and(tf.math.is_finite(losses["loss"]), tf.math.is_finite(grad_norm))
 
-        with gradient_norm_known(grad_norm):  # FusedAdamW clips by it rather than computing it again
-            if isinstance(self.optimizer, keras.optimizers.LossScaleOptimizer):
-                # It skips non-finite steps itself and lowers the scale: that is normal in fp16.
-                self.optimizer.apply(gradients, variables)
-            else:
-                tf.cond(finite, lambda: applied(gradients, variables, self.optimizer), lambda: tf.constant(False))
+        if self.update_compiled is not None:
+            self.update_compiled(gradients, grad_norm, finite)
+        else:
+            self._update(gradients, grad_norm, finite)
         self.nonfinite_in_a_row.assign(tf.where(finite, tf.constant(0, tf.int64), self.nonfinite_in_a_row + 1))
 
         for name, tracker in self.loss_trackers.items():
@@ -109,6 +108,18 @@ class TrainingModel(keras.Model):
         # Tensors, not variables: run eagerly (--enable-eager-debug), Keras wraps the logs in a
         # tf.data Optional, which cannot hold a variable ("'NoneType' object has no attribute 'is_set'").
         return reducible_logs({name: tf.identity(value) for name, value in logs.items()})
+
+    def _update(self, gradients, grad_norm, finite):
+        """The optimizer's update with the step's gradients, their unscaled global norm and whether
+        the step was finite (a non-finite step is skipped: under loss scaling, by the optimizer)."""
+        variables = self.network.trainable_variables
+        with gradient_norm_known(grad_norm):  # FusedAdamW clips by it rather than computing it again
+            if isinstance(self.optimizer, keras.optimizers.LossScaleOptimizer):
+                # It skips non-finite steps itself and lowers the scale: that is normal in fp16.
+                self.optimizer.apply(gradients, variables)
+            else:
+                tf.cond(finite, lambda: applied(gradients, variables, self.optimizer), lambda: tf.constant(False))
+        return tf.constant(True)
 
     def test_step(self, batch):
         batch = self.with_mel(batch)
@@ -152,6 +163,13 @@ class TrainingModel(keras.Model):
             frames_per_iteration=self.network.alignment_frames_per_iteration)
         # Run eagerly (--enable-eager-debug), every op runs as written, the loops included.
         self.network.alignment_loops = dataclasses.replace(loops, compile=False) if self.run_eagerly else loops
+        # Where the loops are compiled alone, so is the optimizer's update (one replica: with several,
+        # Keras' update steps into a merge call across them). In graph mode each variable's update
+        # is a few ops for the executor to dispatch one by one, 737 of the 3,031 ops a step of the
+        # small model ran on this CPU, and a graph-mode step on a GPU waits on that dispatch
+        # (BENCHMARKS.md, "On an H200"). Its shapes are the variables': XLA compiles it once.
+        one_replica = self.distribute_strategy.num_replicas_in_sync == 1
+        self.update_compiled = tf.function(self._update, jit_compile=True) if loops.compile and one_replica else None
 
     def _maybe_symbolic_build(self, iterator=None, data_batch=None):
         # The trainer creates every variable before fit (build_training_model). Keras' version would first
