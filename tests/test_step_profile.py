@@ -109,3 +109,24 @@ def test_a_gpu_trace_is_split_by_the_kernels_on_its_streams():
     assert (split["loops_ms"], split["matmuls_ms"], split["other_ms"]) == pytest.approx((4e-3, 4e-3, 1e-3))
     assert split["busy_ms"] == pytest.approx(9e-3)
     assert split["shares"]["loops"] == pytest.approx(4 / 9)
+
+
+def test_the_ops_the_host_runs_per_step_are_counted():
+    # A graph-mode step of many small ops is what a GPU's host dispatches one by one; the count is
+    # per step, and grows with the ops of the step.
+    def chain(length):
+        @tf.function
+        def step(x):
+            for _ in range(length):
+                x = tf.sin(x) + x  # two ops (Grappler fuses a chain of unary ops into one on a CPU)
+            return tf.reduce_sum(x)
+        return step
+
+    counts = {}
+    for length in (50, 150):
+        step = chain(length)
+        x = tf.random.stateless_normal([8], seed=(5, 6))
+        float(step(x))  # traced outside the profile
+        counts[length] = profile_step(CompiledStep(run=step, finish=float), x, repeats=3)["host_ops"]
+    assert counts[150] - counts[50] == pytest.approx(200, abs=3), counts
+    assert counts[50] >= 100, counts

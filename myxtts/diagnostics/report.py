@@ -98,7 +98,8 @@ def _measurement_lines(report: dict) -> list[str]:
             shares = split["shares"]
             rows.insert(at, ("    its profile", f"{_ms(split['busy_ms'])} of {split['source']} per step: alignment loops "
                                               f"{shares['loops']:.0%}, matmuls {shares['matmuls']:.0%}, other "
-                                              f"{shares['other']:.0%}  (TensorFlow profiler, {split['steps']} steps)"))
+                                              f"{shares['other']:.0%}; {split['host_ops']:,.0f} TensorFlow ops run by the "
+                                              f"host  (TensorFlow profiler, {split['steps']} steps)"))
     larger = m.get("larger_batch")
     if larger:
         at = next(i for i, row in enumerate(rows) if row[0].startswith("(c)"))

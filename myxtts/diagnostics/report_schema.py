@@ -7,11 +7,12 @@ shares are fractions in [0, 1]; utilization is percent; `null` means "not measur
 
 Fields:
 
-- `schema_version`: 7 for this layout (2: `gpu.tensorflow_peak_bytes` added; the memory verdict
+- `schema_version`: 8 for this layout (2: `gpu.tensorflow_peak_bytes` added; the memory verdict
   uses it instead of `gpu.memory_used_bytes`; 3: `gpu.simulated` added; 4: `measurements.alignment_loops`,
   `measurements.step_alone.xla`, `machine.input_plan` and the loop-bound verdict added; 5:
   `static.cpu.oversubscribed`, false for the hardware plan's own count; 6:
-  `measurements.step_profile`; 7: `measurements.larger_batch`); raised when a field changes meaning.
+  `measurements.step_profile`; 7: `measurements.larger_batch`; 8: `measurements.step_profile.host_ops`);
+  raised when a field changes meaning.
 - `created_utc`: when the report was made, ISO 8601 in UTC.
 - `config.path`: the YAML given with --config, or null. `config.overrides`: the `key=value`
   overrides applied on top (flags and --set), in order.
@@ -55,7 +56,9 @@ Fields:
   alone traced by TensorFlow's profiler (`diagnostics/step_profile.py`): `source` ("gpu kernels",
   or "cpu ops" without a GPU), `steps`, `busy_ms` (device work per step), `loops_ms` (the
   alignment's loops), `matmuls_ms` (matrix products, convolutions), `other_ms`, and their `shares`
-  of `busy_ms` (`shares.loops`, `shares.matmuls`, `shares.other`); only `note` when the profiler failed.
+  of `busy_ms` (`shares.loops`, `shares.matmuls`, `shares.other`), `host_ops` (TensorFlow ops the host
+  ran per step: in graph mode the executor dispatches each, a GPU kernel's launch included); only
+  `note` when the profiler failed.
 - `measurements.larger_batch` (null unless the verdict would advise a larger batch and the diagnosis
   timed it): (b) again on twice the batch (each clip twice, the same bucket shape): `batch` (clips),
   `p50_ms`, `warmup_ms` (its trace or compile), `samples_per_s_gain` (twice (b)'s `p50_ms` over this
@@ -95,7 +98,7 @@ from __future__ import annotations
 
 from typing import Any, Iterator
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 
 _NUMBER = {"type": "number"}
 _OPTIONAL_NUMBER = {"type": ["number", "null"]}
@@ -199,7 +202,7 @@ REPORT_SCHEMA: dict = _object({
             "source": {"type": "string", "enum": ["gpu kernels", "cpu ops"]}, "steps": _COUNT,
             "busy_ms": _NUMBER, "loops_ms": _NUMBER, "matmuls_ms": _NUMBER, "other_ms": _NUMBER,
             "shares": _object({"loops": _SHARE, "matmuls": _SHARE, "other": _SHARE}),
-            "note": {"type": "string"},
+            "host_ops": _NUMBER, "note": {"type": "string"},
         }, nullable=True, required=[]),
         "larger_batch": _object({
             "batch": _COUNT, "p50_ms": _NUMBER, "warmup_ms": _NUMBER, "samples_per_s_gain": {"type": ["number", "null"]},

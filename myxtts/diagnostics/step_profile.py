@@ -4,6 +4,7 @@
       -> the device's work: a GPU's kernels (its stream lines), else the ops on the host's threads
       -> each piece of work classified: loops | matmuls | other   (below)
       -> milliseconds of each per step, and their shares
+      -> the TensorFlow ops the host ran per step (`host_ops`)
 
 What counts as what:
 
@@ -21,6 +22,11 @@ kernels do not overlap, so `busy_ms` is the GPU's working time per step, and the
 it is the GPU idling (launches, waits on the host). On a CPU several threads run ops at once, so
 the shares, not the sum, are what to read. Nested events (an XLA program's `while` and the
 fusions inside it) are counted once, at the outermost.
+
+`host_ops` is what a graph-mode step asks of the host: the executor dispatches every op, and on a
+GPU each kernel's launch too. On an H200 the demo's graph-mode step took 73 ms for 23 ms of kernels
+(BENCHMARKS.md): the rest is that dispatch, so fewer ops is a faster step there, whatever the FLOPs.
+(Grappler's rewrites run first: a chain of unary ops on a CPU is one op.)
 
 Checked on this CPU (graph mode with the loops compiled alone, and a whole-step XLA program); the
 GPU path reads the kernels' `hlo_module` / `hlo_op` / `tf_op` stats as TensorFlow's profiler writes
@@ -140,6 +146,7 @@ def split_trace(space, steps: int) -> dict:
     device = "gpu kernels" if any(line.events for p in gpu_planes for line in p.lines) else "cpu ops"
     planes = gpu_planes if device == "gpu kernels" else [p for p in space.planes if p.name == "/host:CPU"]
     totals = dict.fromkeys(KINDS, 0.0)
+    host_ops = _host_ops(space)
     for plane in planes:
         names = {key: metadata.name for key, metadata in plane.stat_metadata.items()}
         for line in plane.lines:
@@ -168,7 +175,22 @@ def split_trace(space, steps: int) -> dict:
         "busy_ms": busy / steps,
         **{f"{kind}_ms": totals[kind] / steps for kind in KINDS},
         "shares": {kind: (totals[kind] / busy if busy else 0.0) for kind in KINDS},
+        "host_ops": host_ops / steps,
     }
+
+
+def _host_ops(space) -> int:
+    """TensorFlow ops the host ran (graph mode: each one dispatched by the executor, a GPU kernel's
+    launch included; a function call and the ops inside it each count), input pipeline excluded."""
+    count = 0
+    for plane in space.planes:
+        if plane.name != "/host:CPU":
+            continue
+        for line in plane.lines:
+            if line.name.startswith("tf_data"):
+                continue
+            count += sum(1 for event in line.events if _TF_OP_NAME.match(plane.event_metadata[event.metadata_id].name))
+    return count
 
 
 def read_trace(logdir: str):
