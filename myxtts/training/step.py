@@ -85,14 +85,7 @@ class TrainingModel(keras.Model):
         # Several replicas: from here on every replica holds the global batch's mean gradients and
         # losses, so clipping, the finite check and the logs are one device's (distribute.py).
         gradients, losses = all_reduce_mean((gradients, losses))
-        scale = loss_scale(self.optimizer)
-        grad_norm = tf.linalg.global_norm(gradients) / scale  # [] the unscaled norm
-        finite = tf.math.logical_and(tf.math.is_finite(losses["loss"]), tf.math.is_finite(grad_norm))
-
-        if self.update_compiled is not None:
-            self.update_compiled(gradients, grad_norm, finite)
-        else:
-            self._update(gradients, grad_norm, finite)
+        grad_norm, finite, scale = (self.update_compiled or self._update)(gradients, losses["loss"])
         self.nonfinite_in_a_row.assign(tf.where(finite, tf.constant(0, tf.int64), self.nonfinite_in_a_row + 1))
 
         for name, tracker in self.loss_trackers.items():
@@ -109,9 +102,13 @@ class TrainingModel(keras.Model):
         # tf.data Optional, which cannot hold a variable ("'NoneType' object has no attribute 'is_set'").
         return reducible_logs({name: tf.identity(value) for name, value in logs.items()})
 
-    def _update(self, gradients, grad_norm, finite):
-        """The optimizer's update with the step's gradients, their unscaled global norm and whether
-        the step was finite (a non-finite step is skipped: under loss scaling, by the optimizer)."""
+    def _update(self, gradients, loss):
+        """The optimizer's update with the step's gradients and loss; returns the gradients' unscaled
+        global norm, whether the step was finite (a non-finite step is skipped: under loss scaling,
+        by the optimizer) and the loss scale."""
+        scale = loss_scale(self.optimizer)
+        grad_norm = tf.linalg.global_norm(gradients) / scale  # [] the unscaled norm
+        finite = tf.math.logical_and(tf.math.is_finite(loss), tf.math.is_finite(grad_norm))
         variables = self.network.trainable_variables
         with gradient_norm_known(grad_norm):  # FusedAdamW clips by it rather than computing it again
             if isinstance(self.optimizer, keras.optimizers.LossScaleOptimizer):
@@ -119,7 +116,7 @@ class TrainingModel(keras.Model):
                 self.optimizer.apply(gradients, variables)
             else:
                 tf.cond(finite, lambda: applied(gradients, variables, self.optimizer), lambda: tf.constant(False))
-        return tf.constant(True)
+        return grad_norm, finite, scale
 
     def test_step(self, batch):
         batch = self.with_mel(batch)

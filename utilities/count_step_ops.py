@@ -1,0 +1,93 @@
+#!/usr/bin/env python3
+"""Count the TensorFlow ops one graph-mode train step runs on the host, by op type.
+
+    python utilities/count_step_ops.py --config configs/demo.yaml --train-data demo_corpus --set training.precision=fp32
+    python utilities/count_step_ops.py --config configs/demo.yaml --train-data demo_corpus --top 30
+
+In graph mode TensorFlow's executor dispatches every op of the step from the host, one by one (on a
+GPU, each kernel's launch too); on an H200 the demo's step spent 50 of its 73 ms there, not in
+kernels (BENCHMARKS.md). The step is built as the diagnosis builds it (the model, optimizer and
+first batch of the config's corpus) and traced for the dataset's element spec (unknown lengths), as
+training traces it; it runs three times unprofiled, then three times under TensorFlow's profiler.
+The ops are the host's events named `scope:Type`, the input pipeline's threads left out, a function
+call and the ops inside it each counted. Written to run on older checkouts too, so that a count
+before a change can be set beside one after it; the diagnosis prints the same total (`host_ops` of
+its profile).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import re
+import sys
+import tempfile
+from pathlib import Path
+
+REPOSITORY_ROOT = Path(__file__).resolve().parent.parent
+if str(REPOSITORY_ROOT) not in sys.path:  # run as a script from a checkout
+    sys.path.insert(0, str(REPOSITORY_ROOT))
+
+from myxtts.diagnostics.arguments import add_run_arguments, run_overrides  # noqa: E402 - after the path
+
+_TF_OP = re.compile(r"^([^:\s]+):([A-Za-z_][A-Za-z0-9_]*)$")
+STEPS = 3
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_run_arguments(parser)
+    parser.add_argument("--top", type=int, default=15, help="op types to list (default: %(default)s)")
+    arguments = parser.parse_args(argv)
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import tensorflow as tf
+
+    from myxtts.config import load_config
+    from myxtts.diagnostics.step_profile import read_trace
+    from myxtts.diagnostics.timing import run_once
+    from myxtts.diagnostics.training_setup import build_training_setup, prepare_run
+
+    config = load_config(arguments.config, overrides=run_overrides(arguments))
+    prepared = prepare_run(config, echo=lambda message: None)
+    batch = next(iter(prepared.dataset.take(1)))
+    common = dict(silent_token=prepared.vocabulary.word_boundary_id)
+    spec = prepared.dataset.element_spec  # traced for it, as training traces the step: unknown lengths
+    try:
+        setup = build_training_setup(prepared.config, len(prepared.vocabulary), prepared.policy, batch,
+                                     batch_spec=spec, **common)
+    except TypeError:  # a checkout from before batch_spec: its step is the tf.function itself
+        setup = build_training_setup(prepared.config, len(prepared.vocabulary), prepared.policy, batch, **common)
+        setup.step.run.get_concrete_function(spec)
+    for _ in range(STEPS):
+        run_once(setup.step, batch)  # traced and compiled outside the profile
+    with tempfile.TemporaryDirectory(prefix="myxtts-ops-") as logdir:
+        tf.profiler.experimental.start(logdir)
+        try:
+            for _ in range(STEPS):
+                run_once(setup.step, batch)
+        finally:
+            tf.profiler.experimental.stop()
+        space = read_trace(logdir)
+    by_type = collections.Counter()
+    for plane in space.planes:
+        if plane.name != "/host:CPU":
+            continue
+        for line in plane.lines:
+            if line.name.startswith("tf_data"):
+                continue
+            for event in line.events:
+                match = _TF_OP.match(plane.event_metadata[event.metadata_id].name)
+                if match:
+                    by_type[match.group(2)] += 1
+    total = sum(by_type.values()) / STEPS
+    print(f"{config.model.size} model, {prepared.policy}, mel {list(batch['mel'].shape)}, "
+          f"XLA {'on' if prepared.config.training.enable_xla_compilation else 'off'}: "
+          f"{total:,.0f} TensorFlow ops run by the host per step (counted over {STEPS} steps)")
+    for op_type, count in by_type.most_common(arguments.top):
+        print(f"  {count / STEPS:8,.0f}  {op_type}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
