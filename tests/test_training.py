@@ -1,5 +1,6 @@
 """The training loop on the tiny model: accumulation, faults, precision, compilation, checkpoints."""
 
+import dataclasses
 import math
 import types
 from pathlib import Path
@@ -17,6 +18,7 @@ from myxtts.models.losses import LOSS_NAMES
 from myxtts.models.xtts import network_for
 from myxtts.training.step import TrainingModel
 from myxtts.training.run_folder import prepare_text
+from myxtts.training.optimizers import build_optimizer
 from myxtts.training.trainer import train
 
 from conftest import TRAINED_RUN, tiny_config
@@ -120,6 +122,35 @@ def test_nonfinite_loss_skips_the_update(setup):
     logs = model.train_step(batch)
     assert int(logs["nonfinite_in_a_row"]) == 0
     assert any(not np.array_equal(a, b) for a, b in zip(before, _weights(model)))
+
+
+def test_the_update_compiled_alone_as_on_a_gpu_moves_the_weights_as_the_graphs_does(setup):
+    # A GPU runs the graph-mode step's optimizer update (norm, finite check, clipping, AdamW) as one XLA
+    # program (TrainingModel.compile); a CPU keeps it in the step's graph. Both must train alike,
+    # a non-finite step skipped included.
+    config, vocabulary, batch = setup
+    poisoned = dict(batch, mel=tf.tensor_scatter_nd_update(batch["mel"], [[0, 0, 0]], [math.nan]))
+    runs = {}
+    for compiled in (False, True):
+        # FusedAdamW with clipping, at its full rate from the first update.
+        model = _model(vocabulary, config, build_optimizer(dataclasses.replace(config.training, warmup_steps=0), 1))
+        model(batch)
+        model.optimizer.build(model.network.trainable_variables)
+        start = _weights(model)
+        assert model.update_compiled is None  # a CPU
+        if compiled:
+            model.update_compiled = tf.function(model._update, jit_compile=True)
+        step = tf.function(model.train_step)
+        logs = [{name: float(value) for name, value in step(b).items()} for b in (batch, poisoned, batch, batch)]
+        runs[compiled] = logs, _weights(model), int(model.optimizer.iterations)
+        assert max(np.abs(a - b).max() for a, b in zip(_weights(model), start)) > 1e-3  # it trained
+    (graph_logs, graph_weights, graph_updates), (xla_logs, xla_weights, xla_updates) = runs[False], runs[True]
+    assert graph_updates == xla_updates == 3
+    assert [log["nonfinite_in_a_row"] for log in xla_logs] == [0, 1, 0, 0]
+    for graph_log, xla_log in zip(graph_logs, xla_logs):
+        np.testing.assert_allclose(xla_log["grad_norm"], graph_log["grad_norm"], rtol=1e-4)  # summation order
+    for a, b in zip(graph_weights, xla_weights):
+        np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-5)  # an update moves a weight by ~1e-3
 
 
 def test_fp16_loss_scaling_step_matches_float32(setup):

@@ -154,19 +154,24 @@ class TrainingModel(keras.Model):
         super().compile(*args, **kwargs)
         # The alignment's loops suit the device and the compiled step: blocks of frames per loop
         # iteration on a GPU, and XLA programs of their own where XLA does not compile the step.
+        on_gpu = bool(tf.config.list_logical_devices("GPU"))
         loops = AlignmentLoops.for_device(
-            on_gpu=bool(tf.config.list_logical_devices("GPU")),
+            on_gpu=on_gpu,
             step_compiled=bool(self.jit_compile) and not self.run_eagerly,
             frames_per_iteration=self.network.alignment_frames_per_iteration)
         # Run eagerly (--enable-eager-debug), every op runs as written, the loops included.
         self.network.alignment_loops = dataclasses.replace(loops, compile=False) if self.run_eagerly else loops
-        # Where the loops are compiled alone, so is the optimizer's update (one replica: with several,
-        # Keras' update steps into a merge call across them). In graph mode each variable's update
-        # is a few ops for the executor to dispatch one by one, 737 of the 3,031 ops a step of the
-        # small model ran on this CPU, and a graph-mode step on a GPU waits on that dispatch
-        # (BENCHMARKS.md, "On an H200"). Its shapes are the variables': XLA compiles it once.
+        # On a GPU, where the loops are compiled alone, so is the optimizer's update with the norm and
+        # the finite check (one replica: with several, Keras' update steps into a merge call across
+        # them). In graph mode each variable's update is a few ops for the executor to dispatch one
+        # by one, 886 of the 3,031 ops a step of the small model ran, and a graph-mode step on a GPU
+        # waits on that dispatch (an H200: 73 ms a step for 23 ms of kernels, BENCHMARKS.md). XLA
+        # compiles it once (its shapes are the variables'). Not on a CPU, where those ops run on the
+        # same cores as XLA would: the small model's update alone took 11.6-15.7 ms compiled against
+        # 10.0-13.8 ms in graph mode there.
         one_replica = self.distribute_strategy.num_replicas_in_sync == 1
-        self.update_compiled = tf.function(self._update, jit_compile=True) if loops.compile and one_replica else None
+        self.update_compiled = (tf.function(self._update, jit_compile=True)
+                                if on_gpu and loops.compile and one_replica and not self.run_eagerly else None)
 
     def _maybe_symbolic_build(self, iterator=None, data_batch=None):
         # The trainer creates every variable before fit (build_training_model). Keras' version would first
