@@ -2,7 +2,7 @@
 """Count the TensorFlow ops one graph-mode train step runs on the host, by op type.
 
     python utilities/count_step_ops.py --config configs/demo.yaml --train-data demo_corpus --set training.precision=fp32
-    python utilities/count_step_ops.py --config configs/demo.yaml --train-data demo_corpus --top 30
+    python utilities/count_step_ops.py --config configs/demo.yaml --train-data demo_corpus --top 30 --time-steps 25
 
 In graph mode TensorFlow's executor dispatches every op of the step from the host, one by one (on a
 GPU, each kernel's launch too); on an H200 the demo's step spent 50 of its 73 ms there, not in
@@ -12,7 +12,7 @@ training traces it; it runs three times unprofiled, then three times under Tenso
 The ops are the host's events named `scope:Type`, the input pipeline's threads left out, a function
 call and the ops inside it each counted. Written to run on older checkouts too, so that a count
 before a change can be set beside one after it; the diagnosis prints the same total (`host_ops` of
-its profile).
+its profile). `--time-steps N` then times N steps alone (after the six above) and prints their median.
 """
 
 from __future__ import annotations
@@ -21,8 +21,10 @@ import argparse
 import collections
 import os
 import re
+import statistics
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 REPOSITORY_ROOT = Path(__file__).resolve().parent.parent
@@ -39,6 +41,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_run_arguments(parser)
     parser.add_argument("--top", type=int, default=15, help="op types to list (default: %(default)s)")
+    parser.add_argument("--time-steps", type=int, default=0, metavar="N",
+                        help="also time N steps alone on the batch and print their median (default: none)")
+    parser.add_argument("--update-compiled", action="store_true",
+                        help="compile the optimizer's update alone, as a GPU does for a graph-mode step")
     arguments = parser.parse_args(argv)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import tensorflow as tf
@@ -59,6 +65,10 @@ def main(argv: list[str] | None = None) -> int:
     except TypeError:  # a checkout from before batch_spec: its step is the tf.function itself
         setup = build_training_setup(prepared.config, len(prepared.vocabulary), prepared.policy, batch, **common)
         setup.step.run.get_concrete_function(spec)
+    if arguments.update_compiled:
+        if not hasattr(setup.model, "update_compiled"):
+            parser.error("--update-compiled: this checkout's step has no update of its own to compile")
+        setup.model.update_compiled = tf.function(setup.model._update, jit_compile=True)
     for _ in range(STEPS):
         run_once(setup.step, batch)  # traced and compiled outside the profile
     with tempfile.TemporaryDirectory(prefix="myxtts-ops-") as logdir:
@@ -82,10 +92,18 @@ def main(argv: list[str] | None = None) -> int:
                     by_type[match.group(2)] += 1
     total = sum(by_type.values()) / STEPS
     print(f"{config.model.size} model, {prepared.policy}, mel {list(batch['mel'].shape)}, "
-          f"XLA {'on' if prepared.config.training.enable_xla_compilation else 'off'}: "
+          f"XLA {'on' if prepared.config.training.enable_xla_compilation else 'off'}"
+          f"{', update compiled alone' if arguments.update_compiled else ''}: "
           f"{total:,.0f} TensorFlow ops run by the host per step (counted over {STEPS} steps)")
     for op_type, count in by_type.most_common(arguments.top):
         print(f"  {count / STEPS:8,.0f}  {op_type}")
+    if arguments.time_steps:
+        seconds = []
+        for _ in range(arguments.time_steps):
+            started = time.perf_counter()
+            run_once(setup.step, batch)
+            seconds.append(time.perf_counter() - started)
+        print(f"step alone: median {statistics.median(seconds) * 1000:.1f} ms of {arguments.time_steps}")
     return 0
 
 
