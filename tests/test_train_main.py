@@ -1,5 +1,6 @@
 """The command line: every flag reaches the config; bad input fails with a message, not a traceback."""
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -50,6 +51,23 @@ def test_bad_input_exits_2_with_a_message(argv, message, tmp_path):
     assert message in done.stderr and "Traceback" not in done.stderr
     # A mistyped path fails before the hardware plan's probes (the CPU precision probe takes a minute).
     assert "precision: timing" not in done.stdout + done.stderr
+
+
+def test_a_bad_row_fails_before_the_probes(demo_corpus, tmp_path):
+    # An empty transcript was reported only after the hardware plan's probes (minutes on a first run).
+    rows = [json.loads(line) for line in (demo_corpus / "manifest.jsonl").read_text().splitlines()[:8]]
+    for row in rows:
+        row["audio_path"] = str(demo_corpus / row["audio_path"])
+    rows[2]["text"] = ""
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "manifest.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    done = subprocess.run([sys.executable, str(ROOT / "train_main.py"), "--train-data", str(corpus),
+                           "--output-dir", str(tmp_path / "run"), "--max-steps", "1"],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "line 3: key 'text' is empty" in done.stderr and "Traceback" not in done.stderr
+    assert "precision:" not in done.stdout + done.stderr  # the CPU precision probe never started, cached or not
 
 
 def _binary_file(folder):

@@ -28,7 +28,7 @@ import tensorflow as tf
 
 from myxtts.config import Config
 from myxtts.data.audio import data_problem
-from myxtts.data.splits import check_data_paths, load_splits
+from myxtts.data.splits import load_splits
 from myxtts.data.phonemes import check_language
 from myxtts.diagnostics import alignment_timing, capacity
 from myxtts.data.text import Vocabulary
@@ -84,8 +84,9 @@ def resolve_plan(config: Config, echo=console_echo) -> tuple[Config, str, Plan]:
             compiled_shapes=compiled_step_shapes(config),
         ),
     )
-    # The probes below can take minutes on their first run: a mistyped data path fails before them.
-    check_data_paths(config)
+    # The probes below can take minutes on their first run: a mistyped data path or a bad row (an empty
+    # transcript, say) fails before them. Reading the rows opens no audio: it takes moments.
+    load_splits(config)
     # The input route before the batch probe: with mel_on_device a step holds waveforms and the STFT.
     config = apply_input_route(config, facts, echo, graph_mode=not plan.xla)
     d = config.data
