@@ -76,9 +76,10 @@ class FusedAdamW(keras.optimizers.AdamW):
     step for a graph-mode executor to dispatch. Here the schedule is evaluated once per update
     and each variable costs two ops: its decay and the fused Adam update. What every variable's
     update shares (the step, the bias corrections, the rates in the variable's dtype) is computed
-    once per update too (`_shared`): per variable it had cost ~7 more ops (a read of `iterations`,
-    two `Pow`s, casts), ~1,000 of the ~4,000 ops a graph-mode step of the small model ran, and a
-    graph-mode step on a GPU is host-bound on those ops (BENCHMARKS.md, "On an H200").
+    once per update too (`_shared`): per variable they had cost ~5 more ops run (a read of
+    `iterations`, two `Pow`s, casts), 705 of the 4,023 ops a graph-mode step of the small model ran,
+    and a graph-mode step on a GPU waits on its ops' dispatch (BENCHMARKS.md, "The graph-mode step's
+    host work").
     """
 
     def __init__(self, *args, **kwargs):
