@@ -10,17 +10,16 @@ kernels (BENCHMARKS.md). The step is built as the diagnosis builds it (the model
 first batch of the config's corpus) and traced for the dataset's element spec (unknown lengths), as
 training traces it; it runs three times unprofiled, then three times under TensorFlow's profiler.
 The ops are the host's events named `scope:Type`, the input pipeline's threads left out, a function
-call and the ops inside it each counted. Written to run on older checkouts too, so that a count
-before a change can be set beside one after it; the diagnosis prints the same total (`host_ops` of
-its profile). `--time-steps N` then times N steps alone (after the six above) and prints their median.
+call and the ops inside it each counted (`step_profile.host_op_types`; the diagnosis prints the same
+total as `host_ops` of its profile). `--time-steps N` then times N steps alone (after the six above)
+and prints their median. To count a checkout from before this script, run 677734f's copy of it there
+(`git show 677734f:utilities/count_step_ops.py`), which carries its own count.
 """
 
 from __future__ import annotations
 
 import argparse
-import collections
 import os
-import re
 import statistics
 import sys
 import tempfile
@@ -33,7 +32,6 @@ if str(REPOSITORY_ROOT) not in sys.path:  # run as a script from a checkout
 
 from myxtts.diagnostics.arguments import add_run_arguments, run_overrides  # noqa: E402 - after the path
 
-_TF_OP = re.compile(r"^([^:\s]+):([A-Za-z_][A-Za-z0-9_]*)$")
 STEPS = 3
 
 
@@ -50,24 +48,18 @@ def main(argv: list[str] | None = None) -> int:
     import tensorflow as tf
 
     from myxtts.config import load_config
-    from myxtts.diagnostics.step_profile import read_trace
+    from myxtts.diagnostics.step_profile import host_op_types, read_trace
     from myxtts.diagnostics.timing import run_once
     from myxtts.diagnostics.training_setup import build_training_setup, prepare_run
 
     config = load_config(arguments.config, overrides=run_overrides(arguments))
     prepared = prepare_run(config, echo=lambda message: None)
     batch = next(iter(prepared.dataset.take(1)))
-    common = dict(silent_token=prepared.vocabulary.word_boundary_id)
-    spec = prepared.dataset.element_spec  # traced for it, as training traces the step: unknown lengths
-    try:
-        setup = build_training_setup(prepared.config, len(prepared.vocabulary), prepared.policy, batch,
-                                     batch_spec=spec, **common)
-    except TypeError:  # a checkout from before batch_spec: its step is the tf.function itself
-        setup = build_training_setup(prepared.config, len(prepared.vocabulary), prepared.policy, batch, **common)
-        setup.step.run.get_concrete_function(spec)
+    # Traced for the dataset's element spec, as training traces the step: unknown lengths.
+    setup = build_training_setup(prepared.config, len(prepared.vocabulary), prepared.policy, batch,
+                                 silent_token=prepared.vocabulary.word_boundary_id,
+                                 batch_spec=prepared.dataset.element_spec)
     if arguments.update_compiled:
-        if not hasattr(setup.model, "update_compiled"):
-            parser.error("--update-compiled: this checkout's step has no update of its own to compile")
         setup.model.update_compiled = tf.function(setup.model._update, jit_compile=True)
     for _ in range(STEPS):
         run_once(setup.step, batch)  # traced and compiled outside the profile
@@ -79,17 +71,7 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             tf.profiler.experimental.stop()
         space = read_trace(logdir)
-    by_type = collections.Counter()
-    for plane in space.planes:
-        if plane.name != "/host:CPU":
-            continue
-        for line in plane.lines:
-            if line.name.startswith("tf_data"):
-                continue
-            for event in line.events:
-                match = _TF_OP.match(plane.event_metadata[event.metadata_id].name)
-                if match:
-                    by_type[match.group(2)] += 1
+    by_type = host_op_types(space)
     total = sum(by_type.values()) / STEPS
     print(f"{config.model.size} model, {prepared.policy}, mel {list(batch['mel'].shape)}, "
           f"XLA {'on' if prepared.config.training.enable_xla_compilation else 'off'}"

@@ -35,6 +35,7 @@ them, tested on a recorded-shape trace but not yet run on a GPU.
 
 from __future__ import annotations
 
+import collections
 import glob
 import re
 import tempfile
@@ -146,7 +147,7 @@ def split_trace(space, steps: int) -> dict:
     device = "gpu kernels" if any(line.events for p in gpu_planes for line in p.lines) else "cpu ops"
     planes = gpu_planes if device == "gpu kernels" else [p for p in space.planes if p.name == "/host:CPU"]
     totals = dict.fromkeys(KINDS, 0.0)
-    host_ops = _host_ops(space)
+    host_ops = sum(host_op_types(space).values())
     for plane in planes:
         names = {key: metadata.name for key, metadata in plane.stat_metadata.items()}
         for line in plane.lines:
@@ -179,18 +180,21 @@ def split_trace(space, steps: int) -> dict:
     }
 
 
-def _host_ops(space) -> int:
-    """TensorFlow ops the host ran (graph mode: each one dispatched by the executor, a GPU kernel's
-    launch included; a function call and the ops inside it each count), input pipeline excluded."""
-    count = 0
+def host_op_types(space) -> collections.Counter:
+    """TensorFlow ops the host ran, by op type (graph mode: each one dispatched by the executor, a GPU
+    kernel's launch included; a function call and the ops inside it each count), input pipeline excluded."""
+    types = collections.Counter()
     for plane in space.planes:
         if plane.name != "/host:CPU":
             continue
         for line in plane.lines:
             if line.name.startswith("tf_data"):
                 continue
-            count += sum(1 for event in line.events if _TF_OP_NAME.match(plane.event_metadata[event.metadata_id].name))
-    return count
+            for event in line.events:
+                op = _TF_OP_NAME.match(plane.event_metadata[event.metadata_id].name)
+                if op is not None:
+                    types[op.group(2)] += 1
+    return types
 
 
 def read_trace(logdir: str):
