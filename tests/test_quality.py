@@ -58,8 +58,9 @@ def test_measure_quality_puts_a_vocoder_beside_griffin_lim_on_the_same_clips(dem
     # measurement of one clip by two vocoders costs ~30 s here).
     calls = []
 
-    def measure(paths, data_config, vocoder=None, progress=None):
+    def measure(paths, data_config, vocoder=None, progress=None, recognizer=None, texts=None):
         calls.append((list(paths), vocoder))
+        assert recognizer is None and texts is None  # without --wer
         return quality.QualityReport(len(paths), 0.9 + 0.01 * len(calls), None, *[{"ovrl": 2, "sig": 3, "bak": 3, "p808": 3}] * 2)
 
     monkeypatch.setattr(quality, "measure_copy_synthesis", measure)
@@ -76,6 +77,43 @@ def test_measure_quality_puts_a_vocoder_beside_griffin_lim_on_the_same_clips(dem
     written = __import__("json").loads(report.read_text())
     assert written["clips"] == gl_paths
     assert {name: r["stoi"] for name, r in written["vocoders"].items()} == {"Griffin-Lim": 0.91, str(tmp_path / "vocoder"): 0.92}
+
+
+def test_the_copies_words_are_counted_against_the_clips_texts(demo_corpus):
+    from myxtts.evaluation.intelligibility import normalize_text, word_error_rate
+
+    class Recognizer:  # hears "the" in every copy and the whole sentence in every recording
+        def transcribe(self, audio, sample_rate):
+            heard.append(len(audio))
+            return normalize_text(texts[0]) if len(heard) % 2 == 0 else "the"
+
+    heard = []
+    rows = read_manifest(demo_corpus)[:1]
+    texts = [rows[0].text]
+    report = quality.measure_copy_synthesis([rows[0].audio_path], load_config().data, recognizer=Recognizer(), texts=texts)
+    assert report.wer == pytest.approx(word_error_rate(texts, ["the"])) and report.wer > 0.5
+    assert report.wer_recordings == pytest.approx(0.0, abs=1e-9) and len(heard) == 2
+    assert f"WER {report.wer:.3f} (the recordings 0.000)" in report.line()
+
+
+def test_measure_quality_with_wer_hands_a_recognizer_of_the_corpus_and_each_clips_text(demo_corpus, monkeypatch, capsys):
+    from myxtts.evaluation import intelligibility
+    from utilities import measure_quality
+
+    built, handed = [], []
+    monkeypatch.setattr(intelligibility, "Recognizer", lambda sentences: built.append(list(sentences)) or "recognizer")
+
+    def measure(paths, data_config, vocoder=None, progress=None, recognizer=None, texts=None):
+        handed.append((list(paths), recognizer, texts))
+        return quality.QualityReport(len(paths), 0.9, None, *[{"ovrl": 2, "sig": 3, "bak": 3, "p808": 3}] * 2, 0.1, 0.0)
+
+    monkeypatch.setattr(quality, "measure_copy_synthesis", measure)
+    assert measure_quality.main(["--corpus", str(demo_corpus), "--clips", "2", "--wer"]) == 0
+    rows = read_manifest(demo_corpus)
+    (paths, recognizer, texts), = handed
+    assert built == [[row.text for row in rows]] and recognizer == "recognizer"
+    assert texts == [next(row.text for row in rows if row.audio_path == path) for path in paths]
+    assert "WER 0.100 (the recordings 0.000)" in capsys.readouterr().out
 
 
 def test_measure_quality_refuses_a_vocoder_of_other_features_before_measuring(demo_corpus, tmp_path, capsys):

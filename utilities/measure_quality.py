@@ -32,6 +32,9 @@ def main(argv=None) -> int:
     parser.add_argument("--vocoder", action="append", default=[], metavar="FOLDER",
                         help="a neural vocoder folder to measure beside Griffin-Lim (repeatable); its features "
                              "must be --config's")
+    parser.add_argument("--wer", action="store_true",
+                        help="also the word error rate of the copies and of the recordings (pocketsphinx, a language "
+                             "model of the corpus's sentences; English only)")
     parser.add_argument("--json", default=None, help="also write the report here")
     args = parser.parse_args(argv)
     sys.path.insert(0, str(ROOT))
@@ -63,6 +66,16 @@ def main(argv=None) -> int:
             print(f"error: --vocoder {folder}: {error}", file=sys.stderr)
             return 2
     paths = quality.spread_clips(rows, args.clips)
+    words = {}
+    if args.wer:
+        from myxtts.evaluation.intelligibility import Recognizer, skip_reason
+
+        reason = skip_reason(config.data.language)
+        if reason is not None:
+            print(f"error: --wer: {reason}", file=sys.stderr)
+            return 2
+        text_of = {row.audio_path: row.text for row in rows}
+        words = {"recognizer": Recognizer(text_of.values()), "texts": [text_of[path] for path in paths]}
     total = len(paths) * len(makers)
     started, reports = time.monotonic(), {}
     for index, (name, maker) in enumerate(makers.items()):
@@ -73,7 +86,7 @@ def main(argv=None) -> int:
                   end="", file=sys.stderr, flush=True)
 
         try:
-            reports[name] = quality.measure_copy_synthesis(paths, config.data, vocoder=maker, progress=progress)
+            reports[name] = quality.measure_copy_synthesis(paths, config.data, vocoder=maker, progress=progress, **words)
         except tf.errors.InvalidArgumentError as error:
             problem = data_problem(error)
             if problem is None:

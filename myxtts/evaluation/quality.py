@@ -150,29 +150,40 @@ class QualityReport:
     pesq: float | None
     dnsmos_vocoded: dict
     dnsmos_recordings: dict
+    wer: float | None = None  # the copies' word error rate, when a recognizer was given
+    wer_recordings: float | None = None
 
     def line(self, name: str = "Griffin-Lim") -> str:
         pesq_text = f"PESQ-WB {self.pesq:.2f}" if self.pesq is not None else "PESQ-WB not measured (pip install pesq)"
+        words = f"; WER {self.wer:.3f} (the recordings {self.wer_recordings:.3f})" if self.wer is not None else ""
         return (f"{name} copy-synthesis of {self.clips} clips: STOI {self.stoi:.3f}, {pesq_text}, DNSMOS overall "
                 f"{self.dnsmos_vocoded['ovrl']:.2f} (signal {self.dnsmos_vocoded['sig']:.2f}, background "
                 f"{self.dnsmos_vocoded['bak']:.2f}, P.808 {self.dnsmos_vocoded['p808']:.2f}); the recordings' DNSMOS overall "
-                f"{self.dnsmos_recordings['ovrl']:.2f} (P.808 {self.dnsmos_recordings['p808']:.2f})")
+                f"{self.dnsmos_recordings['ovrl']:.2f} (P.808 {self.dnsmos_recordings['p808']:.2f}){words}")
 
 
-def measure_copy_synthesis(paths, data_config, vocoder=None, progress=None) -> QualityReport:
-    """STOI, PESQ and DNSMOS of `paths`' copy-synthesis through `vocoder` (Griffin-Lim by default)."""
-    stois, pesqs, vocoded_scores, recorded_scores = [], [], [], []
+def measure_copy_synthesis(paths, data_config, vocoder=None, progress=None, recognizer=None, texts=None) -> QualityReport:
+    """STOI, PESQ and DNSMOS of `paths`' copy-synthesis through `vocoder` (Griffin-Lim by default); with a
+    `recognizer` (`intelligibility.Recognizer`) also the word error rate of the copies and of the
+    recordings against `texts` (one per path): issue 27 asks that a vocoder lose no words."""
+    from myxtts.evaluation.intelligibility import word_error_rate
+
+    stois, pesqs, vocoded_scores, recorded_scores, heard, heard_recordings = [], [], [], [], [], []
     for number, path in enumerate(paths, 1):
         copy = copy_synthesis(path, data_config, vocoder)
         stois.append(stoi(copy.recording, copy.vocoded, copy.sample_rate))
         pesqs.append(pesq_wb(copy.recording, copy.vocoded, copy.sample_rate))
         vocoded_scores.append(dnsmos(copy.vocoded, copy.sample_rate))
         recorded_scores.append(dnsmos(copy.recording, copy.sample_rate))
+        if recognizer is not None:
+            heard.append(recognizer.transcribe(copy.vocoded, copy.sample_rate))
+            heard_recordings.append(recognizer.transcribe(copy.recording, copy.sample_rate))
         if progress is not None:
             progress(number, len(paths))
 
     def mean(scores):
         return {key: float(np.mean([s[key] for s in scores])) for key in scores[0]}
 
+    words = (word_error_rate(texts, heard), word_error_rate(texts, heard_recordings)) if recognizer is not None else (None, None)
     return QualityReport(len(stois), float(np.mean(stois)), None if None in pesqs else float(np.mean(pesqs)),
-                         mean(vocoded_scores), mean(recorded_scores))
+                         mean(vocoded_scores), mean(recorded_scores), *words)
