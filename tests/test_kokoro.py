@@ -2,6 +2,7 @@
 voice files and corpus layout, with a stand-in for the ONNX session."""
 
 import hashlib
+import importlib
 import json
 
 import numpy as np
@@ -51,6 +52,11 @@ def test_the_model_is_joined_from_its_packages_once_and_checked(tmp_path, monkey
 def test_a_missing_model_package_is_named_with_how_to_install_it(tmp_path, monkeypatch):
     _fake_parts(tmp_path, monkeypatch, [b"1", b"2", b"3"])  # part 4 missing
     with pytest.raises(kokoro.KokoroMissing, match="fake-kokoro-part-4 is not installed.*requirements-kokoro.txt"):
+        kokoro.assemble_model(tmp_path / "cache")
+    (tmp_path / "site" / "fake_kokoro_part_4").mkdir()  # installed, its data gone
+    (tmp_path / "site" / "fake_kokoro_part_4" / "__init__.py").write_text("")
+    importlib.invalidate_caches()
+    with pytest.raises(kokoro.KokoroMissing, match="fake_kokoro_part_4/part.bin is missing: reinstall"):
         kokoro.assemble_model(tmp_path / "cache")
 
 

@@ -113,7 +113,10 @@ def assemble_model(cache_dir: str | os.PathLike) -> Path:
         spec = importlib.util.find_spec(name)
         if spec is None or not spec.submodule_search_locations:
             raise KokoroMissing(f"the Kokoro model package {name.replace('_', '-')} is not installed: {INSTALL_HINT}")
-        parts.append(Path(next(iter(spec.submodule_search_locations))) / "part.bin")
+        part = Path(next(iter(spec.submodule_search_locations))) / "part.bin"
+        if not part.is_file():
+            raise KokoroMissing(f"{part} is missing: reinstall {name.replace('_', '-')} ({INSTALL_HINT})")
+        parts.append(part)
     target.parent.mkdir(parents=True, exist_ok=True)
     partial, digest = target.with_name(target.name + ".partial"), hashlib.sha256()
     with open(partial, "wb") as out:
