@@ -58,9 +58,9 @@ def test_measure_quality_puts_a_vocoder_beside_griffin_lim_on_the_same_clips(dem
     # measurement of one clip by two vocoders costs ~30 s here).
     calls = []
 
-    def measure(paths, data_config, vocoder=None, progress=None, recognizer=None, texts=None):
+    def measure(paths, data_config, vocoder=None, progress=None, scorer=None, texts=None):
         calls.append((list(paths), vocoder))
-        assert recognizer is None and texts is None  # without --wer
+        assert scorer is None and texts is None  # without --wer
         return quality.QualityReport(len(paths), 0.9 + 0.01 * len(calls), None, *[{"ovrl": 2, "sig": 3, "bak": 3, "p808": 3}] * 2)
 
     monkeypatch.setattr(quality, "measure_copy_synthesis", measure)
@@ -80,9 +80,11 @@ def test_measure_quality_puts_a_vocoder_beside_griffin_lim_on_the_same_clips(dem
 
 
 def test_the_copies_words_are_counted_against_the_clips_texts(demo_corpus):
-    from myxtts.evaluation.intelligibility import normalize_text, word_error_rate
+    from myxtts.evaluation.intelligibility import IntelligibilityScorer, normalize_text, word_error_rate
 
     class Recognizer:  # hears "the" in every copy and the whole sentence in every recording
+        unpronounceable = ()
+
         def transcribe(self, audio, sample_rate):
             heard.append(len(audio))
             return normalize_text(texts[0]) if len(heard) % 2 == 0 else "the"
@@ -90,7 +92,9 @@ def test_the_copies_words_are_counted_against_the_clips_texts(demo_corpus):
     heard = []
     rows = read_manifest(demo_corpus)[:1]
     texts = [rows[0].text]
-    report = quality.measure_copy_synthesis([rows[0].audio_path], load_config().data, recognizer=Recognizer(), texts=texts)
+    scorer = IntelligibilityScorer(texts, "en-us", workers=1)
+    scorer.recognizer = Recognizer()
+    report = quality.measure_copy_synthesis([rows[0].audio_path], load_config().data, scorer=scorer, texts=texts)
     assert report.wer == pytest.approx(word_error_rate(texts, ["the"])) and report.wer > 0.5
     assert report.wer_recordings == pytest.approx(0.0, abs=1e-9) and len(heard) == 2
     assert f"WER {report.wer:.3f} (the recordings 0.000)" in report.line()
@@ -103,8 +107,8 @@ def test_measure_quality_with_wer_hands_a_recognizer_of_the_corpus_and_each_clip
     built, handed = [], []
     monkeypatch.setattr(intelligibility, "Recognizer", lambda sentences: built.append(list(sentences)) or "recognizer")
 
-    def measure(paths, data_config, vocoder=None, progress=None, recognizer=None, texts=None):
-        handed.append((list(paths), recognizer, texts))
+    def measure(paths, data_config, vocoder=None, progress=None, scorer=None, texts=None):
+        handed.append((list(paths), scorer.recognizer, texts))
         return quality.QualityReport(len(paths), 0.9, None, *[{"ovrl": 2, "sig": 3, "bak": 3, "p808": 3}] * 2, 0.1, 0.0)
 
     monkeypatch.setattr(quality, "measure_copy_synthesis", measure)

@@ -68,14 +68,14 @@ def main(argv=None) -> int:
     paths = quality.spread_clips(rows, args.clips)
     words = {}
     if args.wer:
-        from myxtts.evaluation.intelligibility import Recognizer, skip_reason
+        from myxtts.evaluation.intelligibility import IntelligibilityScorer, default_workers
 
-        reason = skip_reason(config.data.language)
-        if reason is not None:
-            print(f"error: --wer: {reason}", file=sys.stderr)
-            return 2
         text_of = {row.audio_path: row.text for row in rows}
-        words = {"recognizer": Recognizer(text_of.values()), "texts": [text_of[path] for path in paths]}
+        scorer = IntelligibilityScorer(text_of.values(), config.data.language, workers=default_workers(len(paths)))
+        if scorer.skipped:
+            print(f"error: --wer: {scorer.skipped}", file=sys.stderr)
+            return 2
+        words = {"scorer": scorer, "texts": [text_of[path] for path in paths]}
     total = len(paths) * len(makers)
     started, reports = time.monotonic(), {}
     for index, (name, maker) in enumerate(makers.items()):

@@ -162,28 +162,26 @@ class QualityReport:
                 f"{self.dnsmos_recordings['ovrl']:.2f} (P.808 {self.dnsmos_recordings['p808']:.2f}){words}")
 
 
-def measure_copy_synthesis(paths, data_config, vocoder=None, progress=None, recognizer=None, texts=None) -> QualityReport:
+def measure_copy_synthesis(paths, data_config, vocoder=None, progress=None, scorer=None, texts=None) -> QualityReport:
     """STOI, PESQ and DNSMOS of `paths`' copy-synthesis through `vocoder` (Griffin-Lim by default); with a
-    `recognizer` (`intelligibility.Recognizer`) also the word error rate of the copies and of the
+    `scorer` (`intelligibility.IntelligibilityScorer`) also the word error rate of the copies and of the
     recordings against `texts` (one per path): issue 27 asks that a vocoder lose no words."""
-    from myxtts.evaluation.intelligibility import word_error_rate
-
-    stois, pesqs, vocoded_scores, recorded_scores, heard, heard_recordings = [], [], [], [], [], []
+    stois, pesqs, vocoded_scores, recorded_scores, copies, recordings = [], [], [], [], [], []
     for number, path in enumerate(paths, 1):
         copy = copy_synthesis(path, data_config, vocoder)
         stois.append(stoi(copy.recording, copy.vocoded, copy.sample_rate))
         pesqs.append(pesq_wb(copy.recording, copy.vocoded, copy.sample_rate))
         vocoded_scores.append(dnsmos(copy.vocoded, copy.sample_rate))
         recorded_scores.append(dnsmos(copy.recording, copy.sample_rate))
-        if recognizer is not None:
-            heard.append(recognizer.transcribe(copy.vocoded, copy.sample_rate))
-            heard_recordings.append(recognizer.transcribe(copy.recording, copy.sample_rate))
+        if scorer is not None:
+            copies.append((copy.vocoded, copy.sample_rate, texts[number - 1]))
+            recordings.append((copy.recording, copy.sample_rate, texts[number - 1]))
         if progress is not None:
             progress(number, len(paths))
 
     def mean(scores):
         return {key: float(np.mean([s[key] for s in scores])) for key in scores[0]}
 
-    words = (word_error_rate(texts, heard), word_error_rate(texts, heard_recordings)) if recognizer is not None else (None, None)
+    words = (scorer.score(copies).wer, scorer.score(recordings).wer) if scorer is not None else (None, None)
     return QualityReport(len(stois), float(np.mean(stois)), None if None in pesqs else float(np.mean(pesqs)),
                          mean(vocoded_scores), mean(recorded_scores), *words)
