@@ -58,8 +58,8 @@ def test_measure_quality_puts_a_vocoder_beside_griffin_lim_on_the_same_clips(dem
     # measurement of one clip by two vocoders costs ~30 s here).
     calls = []
 
-    def measure(paths, data_config, vocoder=None, progress=None, scorer=None, texts=None):
-        calls.append((list(paths), vocoder))
+    def measure(paths, data_config, vocoder=None, progress=None, scorer=None, texts=None, recordings=None):
+        calls.append((list(paths), vocoder, recordings))
         assert scorer is None and texts is None  # without --wer
         return quality.QualityReport(len(paths), 0.9 + 0.01 * len(calls), None, *[{"ovrl": 2, "sig": 3, "bak": 3, "p808": 3}] * 2)
 
@@ -68,8 +68,9 @@ def test_measure_quality_puts_a_vocoder_beside_griffin_lim_on_the_same_clips(dem
     report = tmp_path / "quality.json"
     assert measure_quality.main(["--corpus", str(demo_corpus), "--clips", "3", "--vocoder", str(tmp_path / "vocoder"),
                                  "--json", str(report)]) == 0
-    (gl_paths, gl), (vocoder_paths, vocoder) = calls
+    (gl_paths, gl, gl_recordings), (vocoder_paths, vocoder, vocoder_recordings) = calls
     assert gl is None and gl_paths == vocoder_paths and len(gl_paths) == 3  # Griffin-Lim and the vocoder, same clips
+    assert isinstance(gl_recordings, quality.RecordingScores) and vocoder_recordings is gl_recordings  # scored once
     log_mel = np.random.default_rng(0).normal(-4, 1, (20, load_config().data.n_mels)).astype(np.float32)
     np.testing.assert_allclose(np.asarray(vocoder(log_mel)), np.asarray(expected(log_mel[None])[0]), atol=1e-5)
     lines = capsys.readouterr().out.splitlines()
@@ -100,6 +101,33 @@ def test_the_copies_words_are_counted_against_the_clips_texts(demo_corpus):
     assert f"WER {report.wer:.3f} (the recordings 0.000)" in report.line()
 
 
+def test_several_vocoders_score_the_recordings_once(demo_corpus, monkeypatch):
+    from myxtts.evaluation.intelligibility import IntelligibilityScorer
+
+    class Recognizer:
+        unpronounceable = ()
+
+        def transcribe(self, audio, sample_rate):
+            heard.append(len(audio))
+            return "the"
+
+    scored = []
+    monkeypatch.setattr(quality, "dnsmos", lambda samples, rate: scored.append(len(samples)) or
+                        {"ovrl": 3.0, "sig": 3.0, "bak": 3.0, "p808": float(len(scored))})
+    heard, rows = [], read_manifest(demo_corpus)[:2]
+    paths, texts = [row.audio_path for row in rows], [row.text for row in rows]
+    scorer = IntelligibilityScorer(texts, "en-us", workers=1)
+    scorer.recognizer = Recognizer()
+    recordings, data = quality.RecordingScores(), load_config().data
+    first = quality.measure_copy_synthesis(paths, data, scorer=scorer, texts=texts, recordings=recordings)
+    assert len(scored) == 4 and len(heard) == 4  # two copies and two recordings
+    noise = np.random.default_rng(0).normal(0, 0.1, data.hop_length * 2000).astype(np.float32)
+    second = quality.measure_copy_synthesis(paths, data, vocoder=lambda log_mel: noise[: data.hop_length * len(log_mel)], scorer=scorer, texts=texts, recordings=recordings)
+    assert len(scored) == 6 and len(heard) == 6  # only the two new copies
+    assert second.dnsmos_recordings == first.dnsmos_recordings and second.wer_recordings == first.wer_recordings
+    assert set(recordings.dnsmos) == set(paths)
+
+
 def test_measure_quality_with_wer_hands_a_recognizer_of_the_corpus_and_each_clips_text(demo_corpus, monkeypatch, capsys):
     from myxtts.evaluation import intelligibility
     from utilities import measure_quality
@@ -107,7 +135,7 @@ def test_measure_quality_with_wer_hands_a_recognizer_of_the_corpus_and_each_clip
     built, handed = [], []
     monkeypatch.setattr(intelligibility, "Recognizer", lambda sentences: built.append(list(sentences)) or "recognizer")
 
-    def measure(paths, data_config, vocoder=None, progress=None, scorer=None, texts=None):
+    def measure(paths, data_config, vocoder=None, progress=None, scorer=None, texts=None, recordings=None):
         handed.append((list(paths), scorer.recognizer, texts))
         return quality.QualityReport(len(paths), 0.9, None, *[{"ovrl": 2, "sig": 3, "bak": 3, "p808": 3}] * 2, 0.1, 0.0)
 

@@ -159,8 +159,9 @@ def measure_quality(sentences, mels, rows, d) -> dict:
     makers = {"griffin-lim": None}
     if sentences.vocoder is not None:
         makers["vocoder"] = sentences.to_audio
+    recordings = quality.RecordingScores()  # scored once for both
     for name, maker in makers.items():
-        copy = quality.measure_copy_synthesis(paths, d, maker)
+        copy = quality.measure_copy_synthesis(paths, d, maker, recordings=recordings)
         print(f"quality: {copy.line(name)}")
         result[f"copy_synthesis_{name}"] = vars(copy)
     return result

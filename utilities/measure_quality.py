@@ -77,7 +77,7 @@ def main(argv=None) -> int:
             return 2
         words = {"scorer": scorer, "texts": [text_of[path] for path in paths]}
     total = len(paths) * len(makers)
-    started, reports = time.monotonic(), {}
+    started, reports, recordings = time.monotonic(), {}, quality.RecordingScores()  # the recordings scored once
     for index, (name, maker) in enumerate(makers.items()):
         def progress(done, _, before=index * len(paths)):
             finished = before + done
@@ -86,7 +86,8 @@ def main(argv=None) -> int:
                   end="", file=sys.stderr, flush=True)
 
         try:
-            reports[name] = quality.measure_copy_synthesis(paths, config.data, vocoder=maker, progress=progress, **words)
+            reports[name] = quality.measure_copy_synthesis(paths, config.data, vocoder=maker, progress=progress,
+                                                           recordings=recordings, **words)
         except tf.errors.InvalidArgumentError as error:
             problem = data_problem(error)
             if problem is None:

@@ -287,8 +287,9 @@ def train(args, machine) -> int:
         paths = [u.audio_path for u in val_rows[: args.quality_clips]]
         saved = load_vocoder(out, config.data)  # as synthesis will use it: float32, from the folder
         neural = tf.function(lambda mel: saved(mel[None])[0], reduce_retracing=True)
-        reports = {"griffin-lim": quality.measure_copy_synthesis(paths, config.data),
-                   "vocoder": quality.measure_copy_synthesis(paths, config.data, vocoder=neural)}
+        recordings = quality.RecordingScores()  # scored once for both
+        reports = {"griffin-lim": quality.measure_copy_synthesis(paths, config.data, recordings=recordings),
+                   "vocoder": quality.measure_copy_synthesis(paths, config.data, vocoder=neural, recordings=recordings)}
         for name, report in reports.items():
             print(report.line(name))
         (out / "quality.json").write_text(json.dumps({name: vars(r) for name, r in reports.items()}, indent=2), encoding="utf-8")
