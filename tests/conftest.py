@@ -16,6 +16,15 @@ import shutil
 import pytest
 
 
+def pytest_collection_modifyitems(config, items):
+    """The tests marked `slow` (20 s or more each on two cores) run first, in their order.
+
+    pytest-xdist's worksteal gives each worker a contiguous share of the collection and lets an idle
+    worker take from the end of a busy one's queue, so a minute-long test collected late could keep
+    one core busy at the end while the other waits; started first, the long ones overlap the short."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)  # a stable sort
+
+
 def tiny_config(corpus, *overrides):
     """The tiny model on `corpus`, set up for tests: one bucket, fp32, no XLA, quick schedule."""
     from myxtts.config import load_config

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from myxtts.config import load_config
 from myxtts.data.manifest import read_manifest
@@ -44,6 +45,7 @@ def test_baseline_builds_the_same_batches_as_the_native_pipeline(demo_corpus):
             assert error < 1e-3, (key, error)
 
 
+@pytest.mark.slow
 def test_tiny_run_reports_positive_rates_as_json(demo_corpus):
     # `--cores all` skips the one-core runs: three fresh TensorFlow processes instead of six keeps
     # this near half a minute.

@@ -86,6 +86,7 @@ def test_a_resume_with_another_accumulation_keeps_the_update_count_and_the_sched
     assert int(resumed.optimizer.iterations) == 4
 
 
+@pytest.mark.slow
 def test_a_resumed_run_with_twice_the_accumulation_continues_its_steps_and_learning_rate(demo_corpus, trained_run,
                                                                                         tmp_path):
     """The session's trained run (6 updates, accumulation 1) resumed with batch 2 x accumulation 2,

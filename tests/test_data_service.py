@@ -170,6 +170,7 @@ def _train_config(service, corpus, *overrides):
     )
 
 
+@pytest.mark.slow
 def test_a_lost_service_is_named_and_neither_hangs_the_run_nor_deafens_it_to_sigterm(demo_corpus, tmp_path):
     """Training from the service, then its workers killed under `train()`: the first is named while
     the other serves; with both gone, SIGTERM still saves and stops the run at once; resumed with no

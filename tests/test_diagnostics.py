@@ -447,6 +447,7 @@ def test_apply_refuses_a_copy_that_does_not_load(tmp_path):
     assert write_patched_config(path, []) == (None, [])
 
 
+@pytest.mark.slow
 def test_cli_end_to_end_on_the_tiny_model(tmp_path, corpus, capsys, monkeypatch):
     from myxtts.diagnostics import training_setup
 

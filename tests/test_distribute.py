@@ -154,6 +154,7 @@ def short_clips(demo_corpus, tmp_path_factory):
     return str(path)
 
 
+@pytest.mark.slow
 def test_two_replicas_match_one_device_on_the_same_global_batch(short_clips, tmp_path):
     [result] = _results([_child("mirrored", ["mirrored", short_clips], tmp_path)])
     one, two = result["one"], result["two"]
@@ -250,6 +251,7 @@ def _free_ports(count: int) -> list[int]:
     return ports
 
 
+@pytest.mark.slow
 def test_two_workers_train_in_step_and_end_with_the_same_weights(short_clips, tmp_path):
     workers = [f"127.0.0.1:{port}" for port in _free_ports(2)]
     processes = []

@@ -193,6 +193,7 @@ def test_the_saved_model_checks_its_inputs_and_names_the_rule(exported):
             speak([2, 3], **kwargs)
 
 
+@pytest.mark.slow
 def test_the_exported_models_speak_through_the_neural_vocoder(trained_run, demo_corpus, tmp_path):
     """With a vocoder (issue 27), both exports speak through it; TFLite inverts its spectrum with DFT matrices."""
     from myxtts.config import load_run_config

@@ -12,6 +12,7 @@ import time
 
 import keras
 import numpy as np
+import pytest
 import tensorflow as tf
 
 from myxtts.compat import traced_for_spec
@@ -100,6 +101,7 @@ def test_input_wait_with_the_copy_and_several_steps_per_call(tmp_path):
     assert slow["input_wait_ms"][-1] >= 0.5 * (INPUT_S - COMPUTE_S) * 1000, slow["input_wait_ms"]
 
 
+@pytest.mark.slow
 def test_a_training_run_that_copies_batches_to_the_gpu_still_logs_input_wait(demo_corpus, tmp_path, monkeypatch):
     from myxtts.config import load_config
     from myxtts.training import trainer

@@ -145,6 +145,7 @@ def _check_resumed(run: Training, path: str, step: int) -> None:
     assert run.steps()[0] == step + 1, run.steps()
 
 
+@pytest.mark.slow
 def test_kill_9_and_sigterm_each_leave_a_checkpoint_the_next_run_resumes(demo_corpus, tmp_path, start):
     from myxtts.training.checkpoints import find_checkpoint
 

@@ -34,6 +34,7 @@ def test_crossing_an_interval():
     assert not crossed(7, 9, 5) and crossed(9, 10, 5) and not crossed(10, 10, 5)
 
 
+@pytest.mark.slow
 def test_four_steps_per_call_logs_checkpoints_and_validates_at_every_crossing(demo_corpus, tmp_path, monkeypatch):
     saved = []
     real_save = Checkpoints.save

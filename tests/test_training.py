@@ -124,6 +124,7 @@ def test_nonfinite_loss_skips_the_update(setup):
     assert any(not np.array_equal(a, b) for a, b in zip(before, _weights(model)))
 
 
+@pytest.mark.slow
 def test_the_update_compiled_alone_as_on_a_gpu_moves_the_weights_as_the_graphs_does(setup):
     # A GPU runs the graph-mode step's optimizer update (norm, finite check, clipping, AdamW) as one XLA
     # program (TrainingModel.compile); a CPU keeps it in the step's graph. Both must train alike,
@@ -245,6 +246,7 @@ def test_raw_rows_are_phonemized_once_and_a_run_keeps_its_text_frontend(tmp_path
     assert "h" in rebuilt.symbols and "ˈ" not in rebuilt.symbols
 
 
+@pytest.mark.slow
 def test_end_to_end_resume_and_no_recompilation(demo_corpus, trained_run, trained_result, tmp_path):
     # One test, because every train() call pays for tracing the step: keep their number small.
     # Straight (the session's trained run): 6 updates. Split: 3 updates, stop, then resume to 6 in
@@ -294,6 +296,7 @@ def test_end_to_end_resume_and_no_recompilation(demo_corpus, trained_run, traine
 
 
 
+@pytest.mark.slow
 def test_a_checkpoint_of_another_optimizer_loads_its_weights_only(demo_corpus, trained_run, tmp_path):
     import shutil
 
@@ -305,6 +308,7 @@ def test_a_checkpoint_of_another_optimizer_loads_its_weights_only(demo_corpus, t
     assert switched.step == 1  # the fresh optimizer counts from 0 again
 
 
+@pytest.mark.slow
 def test_synthesis_and_the_free_running_check_of_a_trained_run(demo_corpus, trained_run, tmp_path):
     _check_synthesis_from_the_run(trained_run, demo_corpus, tmp_path)
 
@@ -381,6 +385,7 @@ def _checkpoint_tensors(workdir):
             if name != "save_counter" and not isinstance(value, bytes)}
 
 
+@pytest.mark.slow
 def test_a_run_of_nonfinite_losses_stops_and_keeps_the_last_good_checkpoint(demo_corpus, trained_run, tmp_path):
     import shutil
 
@@ -408,6 +413,7 @@ def test_too_few_clips_for_one_batch_is_a_clear_error(demo_corpus, tmp_path):
         train(config, tmp_path / "few")
 
 
+@pytest.mark.slow
 def test_eager_debug_mode_trains(demo_corpus, tmp_path):
     # training.enable_graph_mode: false (--enable-eager-debug) runs the step as plain Python; it once
     # failed on the first step because a log value was a variable, which Keras' eager loop cannot carry.
@@ -418,6 +424,7 @@ def test_eager_debug_mode_trains(demo_corpus, tmp_path):
     assert all(math.isfinite(r["loss"]) for r in result.history)
 
 
+@pytest.mark.slow
 def test_out_of_memory_backs_off_to_half_the_batch_with_twice_the_accumulation(demo_corpus, tmp_path, monkeypatch):
     from myxtts.training import trainer
 
@@ -512,6 +519,7 @@ def test_fine_tuning_keeps_the_rows_of_shared_tokens_and_starts_new_ones_fresh(t
         initialize_from(small, source, vocabulary)
 
 
+@pytest.mark.slow
 def test_a_run_folder_that_does_not_fit_is_left_untouched_and_reset_with_init_from_starts_over(tiny_run, demo_corpus,
                                                                                                  tmp_path):
     import shutil

@@ -135,6 +135,7 @@ def test_a_tiny_vocoder_trains_against_a_discriminator_and_its_backup_holds_both
         assert len(mine) == len(theirs) and all(np.array_equal(a.numpy(), b.numpy()) for a, b in zip(mine, theirs))
 
 
+@pytest.mark.slow
 def test_the_update_with_its_discriminator_compiles_with_xla(waveform_batch):
     # train_vocoder.py compiles it with XLA on a GPU: every op of the step (the STFTs, the inverse
     # STFT, the skip of a non-finite update, both optimizers, the Griffin-Lim phase prior's features and

@@ -20,6 +20,7 @@ from argparse import Namespace
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 LEARNING_RATE = 1e-3
@@ -28,6 +29,7 @@ LEARNING_RATE = 1e-3
 WEIGHT_ATOL = 0.01 * LEARNING_RATE
 
 
+@pytest.mark.slow
 def test_two_replicas_update_the_vocoder_and_its_discriminator_as_one_device_accumulating_their_halves(tmp_path):
     env = dict(os.environ, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="")
     done = subprocess.run([sys.executable, str(Path(__file__).resolve())], env=env, cwd=tmp_path,

@@ -14,6 +14,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from myxtts.config import load_config
 from myxtts.data.manifest import read_manifest
 from myxtts.data.pipeline import build_dataset, build_vocabulary
@@ -45,6 +47,7 @@ def _train(corpus, run, dump, cache):
     return sorted(p.name for p in dump.glob("module_*one_step_on_data*.before_optimizations.txt"))
 
 
+@pytest.mark.slow
 def test_xla_compiles_the_train_step_once_per_bucket_shape_and_a_second_run_none(demo_corpus, tmp_path):
     cache = tmp_path / "cache"
     compiled = _train(demo_corpus, tmp_path / "run", tmp_path / "xla", cache)
