@@ -122,7 +122,8 @@ def test_several_vocoders_score_the_recordings_once(demo_corpus, monkeypatch):
     first = quality.measure_copy_synthesis(paths, data, scorer=scorer, texts=texts, recordings=recordings)
     assert len(scored) == 4 and len(heard) == 4  # two copies and two recordings
     noise = np.random.default_rng(0).normal(0, 0.1, data.hop_length * 2000).astype(np.float32)
-    second = quality.measure_copy_synthesis(paths, data, vocoder=lambda log_mel: noise[: data.hop_length * len(log_mel)], scorer=scorer, texts=texts, recordings=recordings)
+    second = quality.measure_copy_synthesis(paths, data, vocoder=lambda log_mel: noise[: data.hop_length * len(log_mel)],
+                                            scorer=scorer, texts=texts, recordings=recordings)
     assert len(scored) == 6 and len(heard) == 6  # only the two new copies
     assert second.dnsmos_recordings == first.dnsmos_recordings and second.wer_recordings == first.wer_recordings
     assert set(recordings.dnsmos) == set(paths)

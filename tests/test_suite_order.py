@@ -13,4 +13,3 @@ def test_the_slow_tests_come_first_and_each_group_keeps_its_order():
     items = [_item("a", False), _item("b", True), _item("c", False), _item("d", True), _item("e", False)]
     pytest_collection_modifyitems(None, items)
     assert [item.name for item in items] == ["b", "d", "a", "c", "e"]
-

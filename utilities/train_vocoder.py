@@ -62,7 +62,8 @@ def main(argv=None) -> int:
     parser.add_argument("--config", default=None,
                         help="data.* settings, the features (default: the run's config.yaml with --run, else configs/demo.yaml)")
     parser.add_argument("--size", default="small", choices=("tiny", "small", "base"),
-                        help="small (default: 3.2 M parameters with the Griffin-Lim phase prior, 2.7 M without) trains about twice as many updates as base (10.6 M; 9.5 M) in the same time, and measured as good")
+                        help="small (default: 3.2 M parameters with the Griffin-Lim phase prior, 2.7 M without) trains about twice "
+                             "as many updates as base (10.6 M, 9.5 M without) in the same time, and measured as good")
     parser.add_argument("--steps", type=int, default=2400,
                         help="optimizer updates in all (a resumed run trains up to it); the default takes ~8 min with the "
                              "demo corpus on 2 cores of an AVX-512 EPYC, everything included")

@@ -188,7 +188,8 @@ def measure_copy_synthesis(paths, data_config, vocoder=None, progress=None, scor
         recorded_scores.append(recordings.dnsmos[path])
         if scorer is not None:
             copies.append((copy.vocoded, copy.sample_rate, texts[number - 1]))
-            originals.append((copy.recording, copy.sample_rate, texts[number - 1]))
+            if recordings.wer is None:  # held for the recognizer only until they are scored
+                originals.append((copy.recording, copy.sample_rate, texts[number - 1]))
         if progress is not None:
             progress(number, len(paths))
 
