@@ -228,49 +228,6 @@ def test_a_tiny_vocoder_trained_with_the_phase_angle_losses_brings_them_down(wav
     assert float(after["phase_angle_loss"]) < 0.9 * before, (before, float(after["phase_angle_loss"]))
 
 
-def test_the_magnitude_loss_is_the_log_ratio_and_the_consistency_loss_tells_a_real_spectrum_from_a_made_up_one():
-    from myxtts.config import DataConfig
-    from myxtts.models.vocoder import consistency_loss, log_magnitude_loss
-
-    c = DataConfig()
-    rng = np.random.default_rng(5)
-    target = griffin_lim.stft(tf.constant(rng.normal(0, 0.1, (2, 31 * c.hop_length)).astype(np.float32)), c)
-    magnitude = tf.abs(target)
-    assert float(log_magnitude_loss(target, magnitude)) == pytest.approx(0.0, abs=1e-6)
-    # Twice the magnitude everywhere: log 2 off wherever the bins are well above the 1e-5 floor.
-    assert float(log_magnitude_loss(target, 2.0 * magnitude)) == pytest.approx(np.log(2.0), rel=0.02)
-
-    def consistency(spectrum):
-        real, imaginary = tf.math.real(spectrum), tf.math.imag(spectrum)
-        return float(consistency_loss(real, imaginary, griffin_lim.stft(griffin_lim.istft(spectrum, c), c)))
-
-    # The STFT of a waveform survives the overlap-add (away from nothing: the edges are exact too).
-    assert consistency(target) < 1e-3
-    # The same magnitude with a random phase is no waveform's STFT: most of it is lost.
-    scrambled = tf.cast(magnitude, tf.complex64) * tf.exp(tf.complex(0.0, rng.uniform(-np.pi, np.pi, magnitude.shape)
-                                                                    .astype(np.float32)))
-    assert consistency(scrambled) > 0.5
-
-
-@pytest.mark.parametrize("weights", [{"magnitude_weight": 1.0}, {"consistency_weight": 1.0}])
-def test_a_tiny_vocoder_trained_with_the_magnitude_or_the_consistency_loss_brings_it_down(waveform_batch, weights):
-    c, batch = waveform_batch
-    keras.utils.set_random_seed(0)
-    trainer = VocoderTrainer(Vocoder(c, size="tiny"), segment_frames=16, **weights)
-    name = {"magnitude_weight": "magnitude_loss", "consistency_weight": "consistency_loss"}[next(iter(weights))]
-    trainer.compile(optimizer=keras.optimizers.Adam(3e-3))
-    segment = random_segments(batch["audio"], batch["mel_length"], 16, c.hop_length, seed=4)
-    before = float(trainer.segment_losses(segment)[name])
-    for _ in range(30):
-        with tf.GradientTape() as tape:
-            loss = trainer.segment_losses(segment, training=True)["loss"]
-        variables = trainer.vocoder.trainable_variables
-        trainer.optimizer.apply(tape.gradient(loss, variables), variables)
-    after = trainer.segment_losses(segment)
-    assert np.isfinite(float(after["loss"]))
-    assert float(after[name]) < 0.9 * before, (before, float(after[name]))
-
-
 def test_a_segment_of_the_mel_is_the_mel_of_the_segment_of_the_waveform(waveform_batch):
     """Training on given mels (the acoustic model's own) pairs frames with samples: frame t of a clip
     must be frame t - start of the waveform segment from sample start * hop."""

@@ -90,12 +90,6 @@ def main(argv=None) -> int:
     parser.add_argument("--phase-angle-weight", type=float, default=0.0,
                         help="weight of APNet's anti-wrapping losses on the phase angle and its differences across "
                              "bins and frames (0: off)")
-    parser.add_argument("--magnitude-weight", type=float, default=0.0,
-                        help="weight of an L1 loss between the log of the magnitude the vocoder predicts and the "
-                             "recording's, frame for frame (0: off)")
-    parser.add_argument("--consistency-weight", type=float, default=0.0,
-                        help="weight of a loss on how far the predicted spectrum is from the STFT of its own "
-                             "waveform (0: off)")
     parser.add_argument("--adversarial-weight", type=float, default=0.0,
                         help="weight of a spectrogram discriminator's losses (0: none; about 0.02 is HiFi-GAN's ratio to "
                              "the mel loss); best from a trained vocoder (--init-from)")
@@ -263,8 +257,6 @@ def train(args, machine) -> int:
             rate = (time.monotonic() - self.started) / max(done - self.first, 1)
             phase = f" phase {logs['phase_loss']:.3f}" if "phase_loss" in logs else ""
             phase += f" angle {logs['phase_angle_loss']:.3f}" if "phase_angle_loss" in logs else ""
-            phase += f" magnitude {logs['magnitude_loss']:.3f}" if "magnitude_loss" in logs else ""
-            phase += f" consistency {logs['consistency_loss']:.3f}" if "consistency_loss" in logs else ""
             if "adversarial_loss" in logs:
                 phase += (f" adversarial {logs['adversarial_loss']:.3f} feature {logs['feature_loss']:.3f}"
                           f" discriminator {logs['discriminator_loss']:.3f}")
@@ -337,7 +329,6 @@ def build_trainer(args, config, policy: str, strategy):
         critic_optimizer = keras.optimizers.LossScaleOptimizer(critic_optimizer)
     trainer = VocoderTrainer(vocoder, segment_frames=args.segment_frames, phase_weight=args.phase_weight,
                              phase_angle_weight=args.phase_angle_weight, adversarial_weight=args.adversarial_weight,
-                             magnitude_weight=args.magnitude_weight, consistency_weight=args.consistency_weight,
                              discriminator_optimizer=distribute.prepare_optimizer(critic_optimizer, strategy))
     # XLA cannot compile a step whose variables live on several devices (training/distribute.py).
     jit_compile = distribute.xla_allowed(strategy) and (

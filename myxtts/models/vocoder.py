@@ -297,22 +297,6 @@ def compressed_spectrum_loss(target, real, imaginary, power: float = 0.3) -> tf.
     return tf.reduce_mean(tf.square(real - target_real) + tf.square(imaginary - target_imaginary))
 
 
-def log_magnitude_loss(target, magnitude) -> tf.Tensor:
-    """L1 between the log magnitude of the complex spectrum `target` and the predicted `magnitude`
-    [B, T, bins], frame for frame: the magnitude head taught directly (APNet's amplitude loss), not only
-    through what the overlap-add makes of it with whatever phase it is given."""
-    return tf.reduce_mean(tf.abs(tf.math.log(tf.abs(target) + 1e-5) - tf.math.log(magnitude + 1e-5)))
-
-
-def consistency_loss(real, imaginary, rebuilt) -> tf.Tensor:
-    """How far the predicted spectrum (real, imaginary) [B, T, bins] is from being the STFT of any
-    waveform: ||S - STFT(iSTFT(S))|| / ||S|| (`rebuilt` is STFT(iSTFT(S)), complex). APNet's consistency
-    loss, made relative as the spectral convergence is. A magnitude and phase that agree with each other
-    survive the overlap-add unchanged; Griffin-Lim's phase on a mel's magnitude does not."""
-    difference = tf.square(real - tf.math.real(rebuilt)) + tf.square(imaginary - tf.math.imag(rebuilt))
-    return tf.sqrt(tf.reduce_sum(difference)) / tf.maximum(tf.sqrt(tf.reduce_sum(real * real + imaginary * imaginary)), 1e-7)
-
-
 def anti_wrapped(x) -> tf.Tensor:
     """|x| after wrapping x into [-pi, pi]: the distance of two angles whose difference is x."""
     turn = 2.0 * math.pi

@@ -12,7 +12,7 @@ import tensorflow as tf
 from myxtts.data import audio
 from myxtts.models.griffin_lim import istft, stft
 from myxtts.models.vocoder import (SpectrogramDiscriminator, Vocoder, adversarial_losses, compressed_spectrum_loss,
-                                   consistency_loss, log_magnitude_loss, mel_segments, multi_resolution_stft_loss, phase_angle_losses, segment_starts,
+                                   mel_segments, multi_resolution_stft_loss, phase_angle_losses, segment_starts,
                                    waveform_segments)
 from myxtts.training.distribute import all_reduce_mean, reducible_logs
 from myxtts.training.step import applied, loss_scale
@@ -31,18 +31,16 @@ class VocoderTrainer(keras.Model):
 
     def __init__(self, vocoder: Vocoder, segment_frames: int = 32, phase_weight: float = 0.0,
                  adversarial_weight: float = 0.0, discriminator_optimizer=None, phase_angle_weight: float = 0.0,
-                 magnitude_weight: float = 0.0, consistency_weight: float = 0.0, **kwargs):
+                 **kwargs):
         super().__init__(**kwargs)
         self.vocoder, self.segment_frames, self.phase_weight = vocoder, segment_frames, phase_weight
         self.phase_angle_weight = phase_angle_weight
-        self.magnitude_weight, self.consistency_weight = magnitude_weight, consistency_weight
         self.adversarial_weight = adversarial_weight
         if adversarial_weight:
             self.discriminator = SpectrogramDiscriminator(name="discriminator")
             self.discriminator_optimizer = discriminator_optimizer or keras.optimizers.AdamW(2e-4, beta_1=0.8, beta_2=0.99)
         names = (("loss", "mel_loss", "stft_loss") + (("phase_loss",) if phase_weight else ())
                  + (("phase_angle_loss",) if phase_angle_weight else ())
-                 + (("magnitude_loss",) if magnitude_weight else ()) + (("consistency_loss",) if consistency_weight else ())
                  + (("adversarial_loss", "feature_loss", "discriminator_loss") if adversarial_weight else ()))
         self.trackers = {name: keras.metrics.Mean(name=name) for name in names}
         # Updates skipped since the last finite one (int64: TensorFlow keeps int32 variables on the host).
@@ -98,12 +96,6 @@ class VocoderTrainer(keras.Model):
             # The same framing again: frame t of the segment's STFT is the frame the vocoder predicted.
             losses["phase_angle_loss"] = tf.add_n(list(phase_angle_losses(stft(segment, c), cosine, sine).values()))
             losses["loss"] += self.phase_angle_weight * losses["phase_angle_loss"]
-        if self.magnitude_weight:
-            losses["magnitude_loss"] = log_magnitude_loss(stft(segment, c), magnitude)
-            losses["loss"] += self.magnitude_weight * losses["magnitude_loss"]
-        if self.consistency_weight:
-            losses["consistency_loss"] = consistency_loss(real, imaginary, stft(predicted, c))
-            losses["loss"] += self.consistency_weight * losses["consistency_loss"]
         if self.adversarial_weight:
             adversarial = adversarial_losses(self.discriminator(segment), self.discriminator(predicted))
             losses.update({f"{name}_loss": value for name, value in adversarial.items()})
