@@ -106,6 +106,28 @@ def choose_gpus(flag: str | None) -> None:
         os.environ["CUDA_VISIBLE_DEVICES"] = cuda_visible_devices_value(facts, selection.indices)
 
 
+def speak_demo_sample(workdir: Path, result) -> None:
+    """The demo's closing sample, spoken from the run's checkpoint; after Ctrl-C or SIGTERM only how to
+    speak it: speaking takes tens of seconds (about 45 s on 2 cores, most of it tracing), past a scheduler's
+    grace period before SIGKILL, and the run has just been told to stop."""
+    if result.interrupted_by:
+        print(f"no demo sample after {result.interrupted_by}; to hear the checkpoint now: python utilities/synthesize.py "
+              f"--checkpoint {workdir} --text \"Hello there.\" --reference any_clip.wav", file=sys.stderr)
+        return
+    from myxtts.synthesis import validation_sample
+
+    sample = validation_sample(workdir, workdir / "demo_sample.wav")
+    print(
+        f"listen: {sample['out']} ({sample['audio_seconds']:.2f} s; espeak said it in {sample['recording_seconds']:.2f} s)\n"
+        f"  text: {sample['text']}\n  voice: {sample['speaker']} (reference {sample['reference']})\n"
+        f"  try your own: python utilities/synthesize.py --checkpoint {workdir} --text \"Hello there.\" --reference {sample['reference']}",
+        file=sys.stderr,
+    )
+    if sample["dropped"]:  # a held-out sentence may hold a phoneme the training rows lack
+        print(f"  left out {len(sample['dropped'])} phonemes the training set never had: "
+              f"{' '.join(sorted(set(sample['dropped'])))}", file=sys.stderr)
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     # TensorFlow's C++ start-up chatter (CUDA probing, oneDNN notes) buries our own lines; errors still show.
@@ -160,18 +182,7 @@ def main(argv=None) -> int:
     stopped = f"stopped by {result.interrupted_by}" if result.interrupted_by else "finished"
     print(f"{stopped} at step {result.step}; run folder: {workdir}", file=sys.stderr)
     if args.demo and result.step > 0:
-        from myxtts.synthesis import validation_sample
-
-        sample = validation_sample(workdir, workdir / "demo_sample.wav")
-        print(
-            f"listen: {sample['out']} ({sample['audio_seconds']:.2f} s; espeak said it in {sample['recording_seconds']:.2f} s)\n"
-            f"  text: {sample['text']}\n  voice: {sample['speaker']} (reference {sample['reference']})\n"
-            f"  try your own: python utilities/synthesize.py --checkpoint {workdir} --text \"Hello there.\" --reference {sample['reference']}",
-            file=sys.stderr,
-        )
-        if sample["dropped"]:  # a held-out sentence may hold a phoneme the training rows lack
-            print(f"  left out {len(sample['dropped'])} phonemes the training set never had: "
-                  f"{' '.join(sorted(set(sample['dropped'])))}", file=sys.stderr)
+        speak_demo_sample(workdir, result)
     if result.stopped_for_nonfinite:
         return 3
     return 130 if result.interrupted_by else 0

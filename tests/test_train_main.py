@@ -131,3 +131,25 @@ def test_a_hand_written_config_in_the_output_dir_is_not_replaced(demo_corpus, tm
     (run / "config.yaml").write_text(mine)
     (run / "vocab.txt").write_text("<pad>\n<unk>\na\n")
     check_run_folder_config(run)  # a run's folder: its config.yaml is the run's (edited or not)
+
+
+def test_a_stopped_demo_says_how_to_hear_its_checkpoint_instead_of_speaking_the_sample(tmp_path, monkeypatch, capsys):
+    """Speaking the sample after Ctrl-C or SIGTERM kept a stopped demo alive ~45 s on 2 cores (a
+    scheduler's grace period is often 30 s); a finished one still speaks it."""
+    from types import SimpleNamespace
+
+    import myxtts.synthesis
+
+    spoken = []
+
+    def validation_sample(workdir, out):
+        spoken.append(out)
+        return {"out": out, "audio_seconds": 2.5, "recording_seconds": 2.9, "text": "Hi.", "speaker": "s",
+                "reference": "r.wav", "dropped": []}
+
+    monkeypatch.setattr(myxtts.synthesis, "validation_sample", validation_sample)
+    train_main.speak_demo_sample(tmp_path, SimpleNamespace(interrupted_by="SIGTERM"))
+    told = capsys.readouterr().err
+    assert spoken == [] and "no demo sample after SIGTERM" in told and f"--checkpoint {tmp_path}" in told
+    train_main.speak_demo_sample(tmp_path, SimpleNamespace(interrupted_by=None))
+    assert spoken == [tmp_path / "demo_sample.wav"] and "listen: " in capsys.readouterr().err
