@@ -25,7 +25,9 @@ from myxtts.data.audio import data_problem
 from myxtts.data.phonemes import model_text
 from myxtts.data.pipeline import reference_log_mel
 from myxtts.data.text import UNK_ID, Vocabulary, symbols, tokenize
+from myxtts.evaluation.speech import trimmed_clip
 from myxtts.models.griffin_lim import write_wav
+from myxtts.models import voice_fit
 from myxtts.models.inference import generate
 from myxtts.models.vocoder import Vocoder, is_vocoder_folder, load_vocoder, waveform_maker
 from myxtts.models.xtts import XTTS, network_for
@@ -152,28 +154,44 @@ class Synthesizer:
                 f"with other words, or fine-tune on clips that hold them (train_main.py --init-from {run} "
                 "--output-dir NEW: its vocabulary adds them), or pass --drop-unknown to leave them out")
 
+    def fitted_voice(self, reference_paths, reference_texts, steps: int = voice_fit.DEFAULT_STEPS):
+        """(voice [1, d], the clips' mel loss with the encoder's voice, with the fitted one): the voice
+        fitted to the reference clips and their words (`voice_fit.fit_voice`), for `synthesize(voice=)`."""
+        paths, texts = list(reference_paths), list(reference_texts)
+        if len(texts) != len(paths):
+            raise ValueError(f"{len(paths)} reference clip(s) but {len(texts)} reference text(s): give each clip's words, in order")
+        reference_mel, reference_length = self.reference(paths)
+        waveforms = [trimmed_clip(str(path), self.config.data)[0] for path in paths]
+        return voice_fit.fit_voice_to_clips(self.network, reference_mel, reference_length, waveforms,
+                                            [self.tokens(text)[0] for text in texts], self.config.data, steps=steps)
+
     def synthesize(self, text: str, reference_paths, max_seconds: float | None = None, duration_scale: float = 1.0,
-                   drop_unknown: bool = False):
-        """(samples float32 [n], mel [frames, n_mels]) for `text` in the voice of the reference clip(s).
+                   drop_unknown: bool = False, voice=None):
+        """(samples float32 [n], mel [frames, n_mels]) for `text` in the voice of the reference clip(s),
+        or in `voice` ([1, d], `fitted_voice`) when given.
 
         `duration_scale` stretches the predicted durations (1.2 = 20% slower); `max_seconds` caps the length.
         Symbols the run never trained on raise `UnknownSymbols`, or with `drop_unknown` are left out.
         """
         d = self.config.data
         tokens, _ = self.tokens(text, drop_unknown)
-        reference_mel, reference_length = self.reference(list(reference_paths))
         max_frames = math.ceil(max_seconds * d.frames_per_second) if max_seconds else None
-        mel, length = generate(self.network, tokens, reference_mel, reference_length, max_frames=max_frames,
-                               average_references=len(reference_paths) > 1, duration_scale=duration_scale)
+        if voice is None:
+            reference_mel, reference_length = self.reference(list(reference_paths))
+            mel, length = generate(self.network, tokens, reference_mel, reference_length, max_frames=max_frames,
+                                   average_references=len(reference_paths) > 1, duration_scale=duration_scale)
+        else:
+            mel, length = generate(self.network, tokens, voice=voice, max_frames=max_frames, duration_scale=duration_scale)
         mel = mel[0, : int(length[0])]
         return self.to_audio(mel), mel
 
-    def synthesize_to_file(self, text: str, reference_paths, out_path: str | os.PathLike, drop_unknown: bool = False) -> dict:
+    def synthesize_to_file(self, text: str, reference_paths, out_path: str | os.PathLike, drop_unknown: bool = False,
+                           voice=None) -> dict:
         """Write the WAV; the result says how long it is, how fast it came, and which unknown symbols
         `drop_unknown` left out (`dropped`, empty when none)."""
         _, dropped = self.tokens(text, drop_unknown)  # raises before any work; cheap next to synthesis
         start = time.perf_counter()
-        samples, mel = self.synthesize(text, reference_paths, drop_unknown=drop_unknown)
+        samples, mel = self.synthesize(text, reference_paths, drop_unknown=drop_unknown, voice=voice)
         seconds_taken = time.perf_counter() - start
         write_wav(str(out_path), samples, self.config.data.sample_rate)
         audio_seconds = int(samples.shape[0]) / self.config.data.sample_rate

@@ -205,3 +205,22 @@ def test_a_damaged_reference_clip_is_named_with_what_is_wrong_with_it(hello_synt
     message = str(raised.value)
     assert message.startswith("cannot use as a reference voice: damaged WAV") and str(damaged) in message, message
     assert "Graph execution error" not in message, message
+
+
+def test_a_fitted_voice_speaks_its_clips_closer_and_leaves_the_network_alone(model, prompt):
+    from myxtts.models.voice_fit import fit_voice
+
+    tokens, reference, reference_length = prompt
+    mel = tf.constant(np.random.default_rng(1).normal(-4.0, 2.0, (2, 30, N_MELS)).astype(np.float32))
+    weights = [w.numpy().copy() for w in model.weights]
+    voice, before, after = fit_voice(model, reference[:2], reference_length[:2], mel, tf.constant([30, 25]), tokens,
+                                     tf.constant([7, 5]), steps=30)
+    assert voice.shape == (1, model.spec.d_model) and voice.dtype == tf.float32
+    assert after < 0.95 * before, (before, after)
+    start = model.voice(reference[:2], reference_length[:2], average=True)
+    assert float(tf.reduce_max(tf.abs(voice - start))) > 0.1  # moved from the encoder's voice, where it began
+    for weight, saved in zip(model.weights, weights):  # the network is the same network afterwards
+        np.testing.assert_array_equal(weight.numpy(), saved, err_msg=weight.path)
+    # The fitted voice is what synthesis takes.
+    _, length = generate(model, tokens, voice=voice)
+    assert length.numpy().tolist() == [21, 15]

@@ -338,7 +338,17 @@ def _check_synthesis_from_the_run(run_dir, corpus, tmp_path):
     assert synthesize.main(["--checkpoint", str(run_dir), "--text", "Hello there.", "--reference", reference, "--out", str(out)]) == 0
     info = soundfile.info(out)
     assert info.samplerate == 22050 and info.frames > 0 and info.subtype == "PCM_16"
+    # The voice fitted to the reference clip's own words (voice_fit.py): a WAV too.
+    fitted = tmp_path / "fitted.wav"
+    from myxtts.data.manifest import read_manifest
+
+    reference_text = next(u.text for u in read_manifest(corpus) if u.audio_path == reference)
+    assert synthesize.main(["--checkpoint", str(run_dir), "--text", "Hello there.", "--reference", reference,
+                            "--reference-text", reference_text, "--fit-steps", "3", "--out", str(fitted)]) == 0
+    assert soundfile.info(fitted).frames > 0
     for argv in (
+        ["--checkpoint", str(run_dir), "--text", "Hi.", "--reference", reference, "--reference", reference,
+         "--reference-text", reference_text],  # two clips, the words of one
         ["--checkpoint", str(tmp_path / "no_such_run"), "--text", "Hi.", "--reference", reference],
         ["--checkpoint", str(run_dir), "--text", "   ", "--reference", reference],
         ["--checkpoint", str(run_dir), "--text", "Hi.", "--reference", str(tmp_path / "missing.wav")],
@@ -356,7 +366,8 @@ def _check_free_running_report(run_dir, tmp_path):
 
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
-        assert free_running_check.main(["--run", str(run_dir), "--sentences", "1", "--json", str(tmp_path / "r.json")]) == 0
+        assert free_running_check.main(["--run", str(run_dir), "--sentences", "1", "--json", str(tmp_path / "r.json"),
+                                        "--fit-voice", "3"]) == 0
     text = printed.getvalue()
     assert "syntheses:  intelligibility: WER" in text and "recordings: intelligibility: WER" in text, text
     report = json.loads((tmp_path / "r.json").read_text())
@@ -368,6 +379,7 @@ def _check_free_running_report(run_dir, tmp_path):
     voices = report["unseen_voices"]
     assert voices["sentences"] == 4 and len(voices["per_voice"]) == 2 and voices["heard"] == []
     assert np.mean(list(voices["per_voice"].values())) == pytest.approx(voices["similarity"], abs=1e-6)
+    assert voices["fitted"]["steps"] == 3 and sorted(voices["fitted"]["per_voice"]) == sorted(voices["per_voice"])
     assert free_running_check.main(["--run", str(tmp_path / "no_such_run")]) == 2
     # The training corpus's own voices are refused as "unseen" unless asked for with --heard-voices.
     corpus = config_lib.load_run_config(run_dir / "config.yaml").data.train_data

@@ -17,7 +17,8 @@ offline recognizer (pocketsphinx, with a language model of the corpus's own sent
   voices training never heard, from one clip of each, and how close they sound to those voices by
   an independent speaker encoder (similarity and identification, beside the recordings' own);
   with --heard-voices, a corpus whose voices training used is measured too (new sentences in them:
-  a voice learned by fine-tuning, or training voices as what the decoder renders at best);
+  a voice learned by fine-tuning, or training voices as what the decoder renders at best); with
+  --fit-voice N, the same sentences again in each voice fitted to its reference clips' words;
 - with --quality: DNSMOS of the syntheses, and the vocoder's copy-synthesis of the sentences'
   recordings (STOI, PESQ-WB when `pesq` is installed, DNSMOS) beside Griffin-Lim's (evaluation/quality.py).
 """
@@ -44,6 +45,9 @@ def main(argv=None) -> int:
     parser.add_argument("--voice-sentences", type=int, default=2, help="sentences spoken per unseen voice (default 2)")
     parser.add_argument("--reference-clips", type=int, default=1,
                         help="clips of each unseen voice averaged into its voice (default 1; the last K - 1 of its clips join the first)")
+    parser.add_argument("--fit-voice", type=int, default=0, metavar="N",
+                        help="also measure the unseen voices fitted to their reference clips and those clips' words "
+                             "(N updates of each voice vector, the model unchanged; synthesize.py --reference-text)")
     parser.add_argument("--vocoder", default=None, metavar="FOLDER",
                         help="a vocoder folder (train_vocoder.py --output-dir) or griffin-lim (default: the run's own, "
                              "RUN/vocoder, else training.vocoder, else Griffin-Lim)")
@@ -132,12 +136,20 @@ def main(argv=None) -> int:
         measured = voices.measure(network)
         print(f"voices: {measured.summary()}")
         print("  per voice: " + ", ".join(f"{voice} {value:.3f}" for voice, value in sorted(measured.per_voice.items())))
+        if args.fit_voice:
+            fitted = voices.measure(network, fit_steps=args.fit_voice)
+            print(f"voices fitted to their references' words ({args.fit_voice} updates each, {fitted.seconds:.0f} s): "
+                  f"{fitted.summary()}")
+            print("  per voice: " + ", ".join(f"{voice} {value:.3f}" for voice, value in sorted(fitted.per_voice.items())))
         report["unseen_voices"] = {"corpus": unseen, "voices": measured.voices, "sentences": measured.total,
                                    "reference_clips": args.reference_clips,
                                    "similarity": measured.similarity, "identified": measured.identified,
                                    "recordings_similarity": measured.ceiling_similarity,
                                    "recordings_identified": measured.ceiling_identified, "heard": list(measured.heard),
                                    "per_voice": measured.per_voice}
+        if args.fit_voice:
+            report["unseen_voices"]["fitted"] = {"steps": args.fit_voice, "similarity": fitted.similarity,
+                                                 "identified": fitted.identified, "per_voice": fitted.per_voice}
     if args.quality:
         report["quality"] = measure_quality(sentences, mels, rows, config.data)
     if args.json:

@@ -12,6 +12,12 @@ utilities/train_vocoder.py --run RUN; else the config's training.vocoder), else 
 --vocoder FOLDER or --vocoder griffin-lim picks.
 A phoneme the run never trained on is an error naming it (the model would read it as <unk>);
 --drop-unknown leaves such phonemes out instead, and says which.
+
+With --reference-text (the words of each --reference clip, in order) the voice is fitted rather than
+read: the encoder's voice of the clips, then --fit-steps updates of that one vector until the model
+speaks those very clips closest to how they were recorded, the model itself unchanged
+(myxtts/models/voice_fit.py). On voices a model never heard it came closer to them than one pass of
+the encoder (BENCHMARKS.md, "Voices the model never heard").
 """
 
 import argparse
@@ -25,6 +31,11 @@ def main(argv=None) -> int:
     p.add_argument("--checkpoint", required=True, help="run folder (with config.yaml and vocab.txt) or checkpoint prefix")
     p.add_argument("--text", required=True, help="what to say, in the run's data.language")
     p.add_argument("--reference", required=True, action="append", help="16-bit WAV of the target voice (repeatable)")
+    p.add_argument("--reference-text", action="append", default=[], metavar="TEXT",
+                   help="the words of a --reference clip (one per clip, in order): the voice is then fitted to the "
+                        "clips, a few seconds a clip, instead of read from them in one pass (see below)")
+    p.add_argument("--fit-steps", type=int, default=200, metavar="N",
+                   help="updates of the voice when fitting it (default 200)")
     p.add_argument("--out", default="out.wav", help="output WAV path (default out.wav)")
     p.add_argument("--drop-unknown", action="store_true",
                    help="leave out phonemes (characters) the run never trained on, and say which, instead of stopping")
@@ -32,6 +43,8 @@ def main(argv=None) -> int:
                    help="a vocoder folder (train_vocoder.py --output-dir) or griffin-lim (default: the run's own, else Griffin-Lim)")
     p.add_argument("--benchmark", action="store_true", help="synthesize twice (the first call compiles) and print the real-time factor")
     args = p.parse_args(argv)
+    if args.fit_steps < 1:
+        p.error(f"--fit-steps must be at least 1, got {args.fit_steps}")
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from myxtts.startup_noise import quiet_tensorflow
@@ -44,9 +57,15 @@ def main(argv=None) -> int:
     run_dir = next((p for p in (run, *run.parents) if (p / "config.yaml").exists()), run)
     try:  # below the run folder: one of its checkpoint folders, or a prefix
         synthesizer = Synthesizer.from_run(run_dir, None if run == run_dir else str(run), vocoder=args.vocoder)
-        result = synthesizer.synthesize_to_file(args.text, args.reference, args.out, drop_unknown=args.drop_unknown)
+        voice = None
+        if args.reference_text:
+            voice, before, after = synthesizer.fitted_voice(args.reference, args.reference_text, steps=args.fit_steps)
+            print(f"voice fitted to {len(args.reference)} clip(s): their mel loss {before:.3f} -> {after:.3f}", file=sys.stderr)
+        result = synthesizer.synthesize_to_file(args.text, args.reference, args.out, drop_unknown=args.drop_unknown,
+                                                voice=voice)
         if args.benchmark:  # the first call traced the synthesis graph; time a warm one
-            result = synthesizer.synthesize_to_file(args.text, args.reference, args.out, drop_unknown=args.drop_unknown)
+            result = synthesizer.synthesize_to_file(args.text, args.reference, args.out, drop_unknown=args.drop_unknown,
+                                                    voice=voice)
     except (FileNotFoundError, ValueError, CheckpointError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

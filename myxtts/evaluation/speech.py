@@ -31,7 +31,6 @@ from myxtts.data.phonemes import model_texts
 from myxtts.data.pipeline import assign_references, reference_log_mel
 from myxtts.data.text import PAD_ID, Vocabulary, split_symbols
 from myxtts.evaluation.intelligibility import IntelligibilityScorer
-from myxtts.models.alignment import durations_of, viterbi_alignment
 from myxtts.models.inference import generate
 from myxtts.models.vocoder import waveform_maker
 
@@ -70,7 +69,6 @@ class HeldOutSentences:
                   limit: int | None = None, vocoder=None) -> "HeldOutSentences":
         """The first `limit` of `rows` (phonemized when the front end needs it). The voice reference
         of each is another clip of its speaker, chosen as the validation set chooses it."""
-        d = config.data
         rows = list(rows)[:limit] if limit else list(rows)
         if not rows:
             raise ValueError("no held-out sentences to measure")
@@ -94,14 +92,17 @@ class HeldOutSentences:
         return cls([u.text for u in rows], [u.audio_path for u in rows], tokens, tf.stack(mels), tf.stack(lengths), recorded, d,
                    vocoder, extra_mels)
 
-    def synthesize(self, network, limit: int | None = None) -> list[np.ndarray]:
-        """Log-mels [frames, n_mels] of every sentence (or the first `limit`), each cut to its own length."""
+    def synthesize(self, network, limit: int | None = None, voices=None) -> list[np.ndarray]:
+        """Log-mels [frames, n_mels] of every sentence (or the first `limit`), each cut to its own length;
+        in `voices` [N, d] (one per sentence, e.g. fitted: `voice_fit`) instead of the references' when given."""
         mels = []
         for start in range(0, min(len(self.texts), limit or len(self.texts)), _BATCH):
             rows = slice(start, min(start + _BATCH, limit or len(self.texts)))
             tokens = self.tokens[rows]
             tokens = tokens[:, : int((tokens != PAD_ID).sum(axis=1).max())]
-            if self.extra_references is None:
+            if voices is not None:
+                mel, length = generate(network, tokens, voice=voices[rows])
+            elif self.extra_references is None:
                 mel, length = generate(network, tokens, self.reference_mel[rows], self.reference_length[rows])
             else:
                 mel, length = generate(network, tokens, voice=self._averaged_voices(network, rows))

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from myxtts.data.manifest import Utterance, read_manifest
-from myxtts.data.phonemes import needs_phonemes, phonemize_utterances
+from myxtts.data.phonemes import model_texts, needs_phonemes, phonemize_utterances
 from myxtts.data.text import Vocabulary
 from myxtts.evaluation.speaker import SpeakerEncoder, cosine_similarity, identify
 from myxtts.evaluation.speech import HeldOutSentences, trimmed_clip
@@ -70,10 +70,14 @@ class UnseenVoices:
     """References, sentences and centroids of the unseen voices: built once, measured at each validation."""
 
     def __init__(self, sentences: HeldOutSentences, speakers: list[str], centroids: dict[str, np.ndarray],
-                 ceiling: tuple[float, int], encoder: SpeakerEncoder, heard: tuple[str, ...] = ()):
+                 ceiling: tuple[float, int], encoder: SpeakerEncoder, heard: tuple[str, ...] = (),
+                 references: dict[str, list[Utterance]] | None = None, vocabulary: Vocabulary | None = None):
         self.sentences, self.speakers, self.centroids, self.encoder = sentences, speakers, centroids, encoder
         self.ceiling_similarity, self.ceiling_identified = ceiling
         self.heard = heard
+        # Each voice's reference clips with their words, and the vocabulary to read them: what
+        # `measure(fit_steps=)` fits the voice to.
+        self.references, self.vocabulary = references or {}, vocabulary
 
     @classmethod
     def from_rows(cls, rows: list[Utterance], train_rows: list[Utterance], vocabulary: Vocabulary, config,
@@ -97,10 +101,11 @@ class UnseenVoices:
         if len(by_voice) < 2:
             raise ValueError("data.unseen_voices_data needs at least two voices (identification picks among them)")
         encoder = encoder or SpeakerEncoder()
-        speakers, spoken, references, extra, centroids = [], [], [], [], {}
+        speakers, spoken, references, extra, centroids, reference_rows = [], [], [], [], {}, {}
         for voice in sorted(by_voice):
             clips = by_voice[voice]
             more = clips[len(clips) - (reference_clips - 1):] if reference_clips > 1 else []
+            reference_rows[voice] = [clips[0], *more]
             references += [clips[0].audio_path] * sentences_per_voice
             extra += [[u.audio_path for u in more]] * sentences_per_voice
             spoken += clips[1:1 + sentences_per_voice]
@@ -112,12 +117,15 @@ class UnseenVoices:
         # The ceiling: the recordings of the spoken sentences, through the same vocoder.
         recordings = [sentences.waveform(sentences.recording_mel(i)) for i in range(len(spoken))]
         ceiling = _totals(_score(encoder, recordings, speakers, centroids, d.sample_rate))
-        return cls(sentences, speakers, centroids, ceiling, encoder, tuple(overlap))
+        return cls(sentences, speakers, centroids, ceiling, encoder, tuple(overlap), reference_rows, vocabulary)
 
-    def measure(self, network) -> VoicesReport:
+    def measure(self, network, fit_steps: int = 0) -> VoicesReport:
+        """The report; with `fit_steps`, each voice is fitted to its reference clips and their words
+        (`voice_fit`, that many updates) instead of read from them by the encoder in one pass."""
         start = time.perf_counter()
         d = self.sentences.data_config
-        waveforms = [self.sentences.waveform(mel) for mel in self.sentences.synthesize(network)]
+        voices = self._fitted_voices(network, fit_steps) if fit_steps else None
+        waveforms = [self.sentences.waveform(mel) for mel in self.sentences.synthesize(network, voices=voices)]
         scores = _score(self.encoder, waveforms, self.speakers, self.centroids, d.sample_rate)
         similarity, identified = _totals(scores)
         by_voice = defaultdict(list)
@@ -126,6 +134,23 @@ class UnseenVoices:
         return VoicesReport(similarity, identified, len(waveforms), self.ceiling_similarity, self.ceiling_identified,
                             len(self.centroids), time.perf_counter() - start, self.heard,
                             {voice: float(np.mean(cosines)) for voice, cosines in by_voice.items()})
+
+
+    def _fitted_voices(self, network, steps: int):
+        """[N, d]: each sentence's voice, fitted once per voice to its reference clips."""
+        import tensorflow as tf
+
+        from myxtts.data.pipeline import reference_log_mel
+        from myxtts.models.voice_fit import fit_voice_to_clips
+
+        d, fitted = self.sentences.data_config, {}
+        for voice, rows in self.references.items():
+            mels, lengths = zip(*(reference_log_mel(tf.constant(u.audio_path), d) for u in rows))
+            token_ids = [self.vocabulary.encode(text, d.text_frontend) for text in model_texts(rows, d.text_frontend)]
+            fitted[voice] = fit_voice_to_clips(network, tf.stack(mels), tf.stack(lengths),
+                                               [trimmed_clip(u.audio_path, d)[0] for u in rows], token_ids, d,
+                                               steps=steps)[0][0]
+        return tf.stack([fitted[speaker] for speaker in self.speakers])
 
 
 def unseen_voices_for(config, train_rows, vocabulary, echo=print, heard_ok: bool = False,
