@@ -135,7 +135,6 @@ class UnseenVoices:
                             len(self.centroids), time.perf_counter() - start, self.heard,
                             {voice: float(np.mean(cosines)) for voice, cosines in by_voice.items()})
 
-
     def _fitted_voices(self, network, steps: int):
         """[N, d]: each sentence's voice, fitted once per voice to its reference clips."""
         import tensorflow as tf

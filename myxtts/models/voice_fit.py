@@ -18,6 +18,7 @@ import keras
 import tensorflow as tf
 
 from myxtts.data import audio
+from myxtts.data.text import PAD_ID
 from myxtts.models import alignment, losses
 
 # On the 343-voice model at 2,800 updates, 200 at 0.05 took its 9 unseen voices from 86.2% of the
@@ -70,6 +71,7 @@ def fit_voice_to_clips(network, reference_mel, reference_length, waveforms, toke
     mels = [audio.log_mel(tf.convert_to_tensor(w, tf.float32), data_config) for w in waveforms]
     frames, symbols = max(int(m.shape[0]) for m in mels), max(len(t) for t in token_ids)
     mel = tf.stack([tf.pad(m, [[0, frames - int(m.shape[0])], [0, 0]]) for m in mels])
-    tokens = tf.stack([tf.pad(tf.cast(t, tf.int32), [[0, symbols - len(t)]]) for t in token_ids])  # PAD_ID is 0
+    tokens = tf.stack([tf.pad(tf.cast(t, tf.int32), [[0, symbols - len(t)]], constant_values=PAD_ID)
+                       for t in token_ids])
     return fit_voice(network, reference_mel, reference_length, mel, [int(m.shape[0]) for m in mels], tokens,
                      [len(t) for t in token_ids], steps=steps, learning_rate=learning_rate)
