@@ -154,21 +154,23 @@ class Synthesizer:
                 f"with other words, or fine-tune on clips that hold them (train_main.py --init-from {run} "
                 "--output-dir NEW: its vocabulary adds them), or pass --drop-unknown to leave them out")
 
-    def fitted_voice(self, reference_paths, reference_texts, steps: int = voice_fit.DEFAULT_STEPS):
-        """(voice [1, d], the clips' mel loss with the encoder's voice, with the fitted one): the voice
-        fitted to the reference clips and their words (`voice_fit.fit_voice`), for `synthesize(voice=)`."""
+    def fitted_voice(self, reference_paths, reference_texts, steps: int = voice_fit.DEFAULT_STEPS,
+                     head_ridge: float | None = None) -> voice_fit.FittedVoice:
+        """The voice fitted to the reference clips and their words (`voice_fit.fit_voice`; with
+        `head_ridge`, a mel head of its own too), for `synthesize(voice=)`."""
         paths, texts = list(reference_paths), list(reference_texts)
         if len(texts) != len(paths):
             raise ValueError(f"{len(paths)} reference clip(s) but {len(texts)} reference text(s): give each clip's words, in order")
         reference_mel, reference_length = self.reference(paths)
         waveforms = [trimmed_clip(str(path), self.config.data)[0] for path in paths]
         return voice_fit.fit_voice_to_clips(self.network, reference_mel, reference_length, waveforms,
-                                            [self.tokens(text)[0] for text in texts], self.config.data, steps=steps)
+                                            [self.tokens(text)[0] for text in texts], self.config.data, steps=steps,
+                                            head_ridge=head_ridge)
 
     def synthesize(self, text: str, reference_paths, max_seconds: float | None = None, duration_scale: float = 1.0,
                    drop_unknown: bool = False, voice=None):
         """(samples float32 [n], mel [frames, n_mels]) for `text` in the voice of the reference clip(s),
-        or in `voice` ([1, d], `fitted_voice`) when given.
+        or in `voice` (`fitted_voice`) when given.
 
         `duration_scale` stretches the predicted durations (1.2 = 20% slower); `max_seconds` caps the length.
         Symbols the run never trained on raise `UnknownSymbols`, or with `drop_unknown` are left out.
@@ -181,7 +183,9 @@ class Synthesizer:
             mel, length = generate(self.network, tokens, reference_mel, reference_length, max_frames=max_frames,
                                    average_references=len(reference_paths) > 1, duration_scale=duration_scale)
         else:
-            mel, length = generate(self.network, tokens, voice=voice, max_frames=max_frames, duration_scale=duration_scale)
+            with voice_fit.speaking_as(self.network, voice):
+                mel, length = generate(self.network, tokens, voice=voice.voice, max_frames=max_frames,
+                                       duration_scale=duration_scale)
         mel = mel[0, : int(length[0])]
         return self.to_audio(mel), mel
 

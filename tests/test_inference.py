@@ -213,8 +213,10 @@ def test_a_fitted_voice_speaks_its_clips_closer_and_leaves_the_network_alone(mod
     tokens, reference, reference_length = prompt
     mel = tf.constant(np.random.default_rng(1).normal(-4.0, 2.0, (2, 30, N_MELS)).astype(np.float32))
     weights = [w.numpy().copy() for w in model.weights]
-    voice, before, after = fit_voice(model, reference[:2], reference_length[:2], mel, tf.constant([30, 25]), tokens,
-                                     tf.constant([7, 5]), steps=30)
+    fitted = fit_voice(model, reference[:2], reference_length[:2], mel, tf.constant([30, 25]), tokens,
+                       tf.constant([7, 5]), steps=30)
+    voice, before, after = fitted.voice, fitted.loss_before, fitted.loss_after
+    assert fitted.head is None
     assert voice.shape == (1, model.spec.d_model) and voice.dtype == tf.float32
     assert after < 0.95 * before, (before, after)
     start = model.voice(reference[:2], reference_length[:2], average=True)
@@ -224,3 +226,45 @@ def test_a_fitted_voice_speaks_its_clips_closer_and_leaves_the_network_alone(mod
     # The fitted voice is what synthesis takes.
     _, length = generate(model, tokens, voice=voice)
     assert length.numpy().tolist() == [21, 15]
+
+
+def test_a_fitted_head_is_the_ridge_solution_and_is_worn_only_while_its_voice_speaks(model, prompt):
+    from myxtts.models import alignment
+    from myxtts.models.layers import normalize_mel
+    from myxtts.models.voice_fit import fit_voice, speaking_as
+
+    tokens, reference, reference_length = prompt
+    mel = tf.constant(np.random.default_rng(1).normal(-4.0, 2.0, (2, 30, N_MELS)).astype(np.float32))
+    mel_length, text_length = tf.constant([30, 25]), tf.constant([7, 5])
+    trained = [w.copy() for w in model.mel_head.get_weights()]
+    args = (model, reference[:2], reference_length[:2], mel, mel_length, tokens, text_length)
+    alone, headed = fit_voice(*args, steps=5), fit_voice(*args, steps=5, head_ridge=0.01)
+    np.testing.assert_array_equal(headed.voice.numpy(), alone.voice.numpy())  # the head comes after the voice
+    assert headed.loss_after < 0.9 * alone.loss_after, (alone.loss_after, headed.loss_after)
+    # The ridge solution, checked by another route: least squares on the stacked system
+    # [X; sqrt(p) I] W = [Y; sqrt(p) W0], solved by SVD rather than the normal equations.
+    index = alignment.frame_tokens(model.align(mel, mel_length, tokens, text_length)[2], 30)
+    text = model.encode_text(tokens, text_length, tf.concat([headed.voice, headed.voice], 0))
+    valid = tf.sequence_mask(mel_length, 30)
+    x = tf.boolean_mask(model.decoder_features(text, index, mel_length)[0], valid).numpy().astype(np.float64)
+    x = np.concatenate([x, np.ones((len(x), 1))], 1)
+    y = normalize_mel(tf.boolean_mask(mel, valid)).numpy().astype(np.float64)
+    w0 = np.concatenate([trained[0], trained[1][None]]).astype(np.float64)
+    root = np.sqrt(0.01 * np.sum(x * x) / x.shape[1])
+    expected = np.linalg.lstsq(np.concatenate([x, root * np.eye(x.shape[1])]),
+                               np.concatenate([y, root * w0]), rcond=None)[0]
+    np.testing.assert_allclose(headed.head[0], expected[:-1], atol=2e-4)
+    np.testing.assert_allclose(headed.head[1], expected[-1], atol=2e-4)
+    # A large ridge keeps the trained head.
+    firm = fit_voice(*args, steps=5, head_ridge=1e6)
+    np.testing.assert_allclose(firm.head[0], trained[0], atol=1e-4)
+    # Worn while it speaks, the trained head back afterwards (also when speaking fails).
+    with speaking_as(model, headed):
+        np.testing.assert_array_equal(model.mel_head.get_weights()[0], headed.head[0])
+        worn = generate(model, tokens, voice=headed.voice)[0]
+    with pytest.raises(RuntimeError), speaking_as(model, headed):
+        raise RuntimeError("synthesis failed")
+    for weight, saved in zip(model.mel_head.get_weights(), trained):
+        np.testing.assert_array_equal(weight, saved)
+    plain = generate(model, tokens, voice=headed.voice)[0]
+    assert not np.allclose(worn.numpy(), plain.numpy(), atol=1e-3)

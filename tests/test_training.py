@@ -346,6 +346,14 @@ def _check_synthesis_from_the_run(run_dir, corpus, tmp_path):
     assert synthesize.main(["--checkpoint", str(run_dir), "--text", "Hello there.", "--reference", reference,
                             "--reference-text", reference_text, "--fit-steps", "3", "--out", str(fitted)]) == 0
     assert soundfile.info(fitted).frames > 0
+    # ... and with a mel head of its own: a WAV too, and not the voice-only one.
+    headed = tmp_path / "headed.wav"
+    assert synthesize.main(["--checkpoint", str(run_dir), "--text", "Hello there.", "--reference", reference,
+                            "--reference-text", reference_text, "--fit-steps", "3", "--fit-head", "--out", str(headed)]) == 0
+    assert soundfile.read(headed)[0].shape != soundfile.read(fitted)[0].shape or not np.allclose(
+        soundfile.read(headed)[0], soundfile.read(fitted)[0])
+    with pytest.raises(SystemExit):  # a head needs the clips' words
+        synthesize.main(["--checkpoint", str(run_dir), "--text", "Hi.", "--reference", reference, "--fit-head"])
     for argv in (
         ["--checkpoint", str(run_dir), "--text", "Hi.", "--reference", reference, "--reference", reference,
          "--reference-text", reference_text],  # two clips, the words of one
@@ -367,7 +375,7 @@ def _check_free_running_report(run_dir, tmp_path):
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
         assert free_running_check.main(["--run", str(run_dir), "--sentences", "1", "--json", str(tmp_path / "r.json"),
-                                        "--fit-voice", "3"]) == 0
+                                        "--fit-voice", "3", "--fit-head", "3"]) == 0
     text = printed.getvalue()
     assert "syntheses:  intelligibility: WER" in text and "recordings: intelligibility: WER" in text, text
     report = json.loads((tmp_path / "r.json").read_text())
@@ -380,6 +388,10 @@ def _check_free_running_report(run_dir, tmp_path):
     assert voices["sentences"] == 4 and len(voices["per_voice"]) == 2 and voices["heard"] == []
     assert np.mean(list(voices["per_voice"].values())) == pytest.approx(voices["similarity"], abs=1e-6)
     assert voices["fitted"]["steps"] == 3 and sorted(voices["fitted"]["per_voice"]) == sorted(voices["per_voice"])
+    assert voices["fitted_head"]["head_ridge"] == 3.0 and voices["fitted"]["head_ridge"] is None
+    assert voices["fitted_head"]["similarity"] != voices["fitted"]["similarity"]  # the head changed the sound
+    for route in (voices, voices["fitted"], voices["fitted_head"]):  # each route's words, measured
+        assert 0.0 <= route["wer"] <= 2.0, route
     assert free_running_check.main(["--run", str(tmp_path / "no_such_run")]) == 2
     # The training corpus's own voices are refused as "unseen" unless asked for with --heard-voices.
     corpus = config_lib.load_run_config(run_dir / "config.yaml").data.train_data

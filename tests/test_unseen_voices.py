@@ -96,19 +96,36 @@ def test_each_voice_is_fitted_once_to_its_reference_and_its_words_and_speaks_the
     config, network, d = synthesizer.config, synthesizer.network, synthesizer.config.data
     voices = UnseenVoices.from_rows(read_manifest(unseen_voices_corpus), read_manifest(demo_corpus),
                                     synthesizer.vocabulary, config, sentences_per_voice=2)
-    fitted = voices._fitted_voices(network, steps=4).numpy()
-    assert fitted.shape == (4, network.spec.d_model)
-    np.testing.assert_array_equal(fitted[0], fitted[1])  # one voice, two sentences: fitted once
-    assert not np.allclose(fitted[1], fitted[2])
+    fitted = voices._fitted_voices(network, steps=4)
+    assert sorted(fitted) == sorted(set(voices.speakers)) == sorted(voices.centroids)  # each voice once
+    first, second = (fitted[speaker].voice.numpy()[0] for speaker in sorted(fitted))
+    assert first.shape == (network.spec.d_model,) and not np.allclose(first, second)
     reference = [u for u in read_manifest(unseen_voices_corpus) if u.speaker == voices.speakers[0]][0]
     mel, length = reference_log_mel(tf.constant(reference.audio_path), d)
     ids = synthesizer.vocabulary.encode(model_texts([reference], d.text_frontend)[0], d.text_frontend)
-    expected, before, after = fit_voice_to_clips(network, mel[None], length[None],
-                                                 [trimmed_clip(reference.audio_path, d)[0]], [ids], d, steps=4)
-    np.testing.assert_allclose(fitted[0], expected[0].numpy(), atol=1e-5)  # the first clip and its words
-    assert after < before
+    expected = fit_voice_to_clips(network, mel[None], length[None], [trimmed_clip(reference.audio_path, d)[0]],
+                                  [ids], d, steps=4)
+    np.testing.assert_allclose(fitted[voices.speakers[0]].voice.numpy()[0], expected.voice.numpy()[0], atol=1e-5)
+    assert expected.loss_after < expected.loss_before  # the first clip and its words
     report = voices.measure(network, fit_steps=4)
     assert report.total == 4 and sorted(report.per_voice) == sorted(voices.centroids)
+    # With heads: each voice's sentences wear that voice's own head, and the trained head is back after.
+    from myxtts.models.voice_fit import speaking_as
+
+    trained = [w.copy() for w in network.mel_head.get_weights()]
+    heads = voices._fitted_voices(network, steps=4, head_ridge=3.0)
+    mels = voices._fitted_mels(network, 4, 3.0)
+    for weight, saved in zip(network.mel_head.get_weights(), trained):
+        np.testing.assert_array_equal(weight, saved)
+    last = len(voices.speakers) - 1  # a sentence of the second voice
+    own, other = heads[voices.speakers[last]], heads[voices.speakers[0]]
+    everyone = tf.concat([heads[speaker].voice for speaker in voices.speakers], 0)
+    with speaking_as(network, own):
+        np.testing.assert_allclose(voices.sentences.synthesize(network, voices=everyone, only=[last])[0], mels[last],
+                                   atol=1e-4)
+    with speaking_as(network, other):
+        theirs = voices.sentences.synthesize(network, voices=everyone, only=[last])[0]
+    assert theirs.shape != mels[last].shape or not np.allclose(theirs, mels[last], atol=1e-3)
 
 
 def test_the_share_of_the_recordings_score_is_not_rounded_up_to_a_target():

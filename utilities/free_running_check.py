@@ -18,7 +18,9 @@ offline recognizer (pocketsphinx, with a language model of the corpus's own sent
   an independent speaker encoder (similarity and identification, beside the recordings' own);
   with --heard-voices, a corpus whose voices training used is measured too (new sentences in them:
   a voice learned by fine-tuning, or training voices as what the decoder renders at best); with
-  --fit-voice N, the same sentences again in each voice fitted to its reference clips' words;
+  --fit-voice N, the same sentences again in each voice fitted to its reference clips' words, and
+  with --fit-head too, each voice also wearing a mel head fitted to those clips; the WER of each
+  route's syntheses is measured where the language is;
 - with --quality: DNSMOS of the syntheses, and the vocoder's copy-synthesis of the sentences'
   recordings (STOI, PESQ-WB when `pesq` is installed, DNSMOS) beside Griffin-Lim's (evaluation/quality.py).
 """
@@ -48,6 +50,9 @@ def main(argv=None) -> int:
     parser.add_argument("--fit-voice", type=int, default=0, metavar="N",
                         help="also measure the unseen voices fitted to their reference clips and those clips' words "
                              "(N updates of each voice vector, the model unchanged; synthesize.py --reference-text)")
+    parser.add_argument("--fit-head", nargs="?", type=float, const=3.0, default=None, metavar="RIDGE",
+                        help="with --fit-voice, also measure each fitted voice with a mel head fitted to its clips "
+                             "(synthesize.py --fit-head; RIDGE default 3)")
     parser.add_argument("--vocoder", default=None, metavar="FOLDER",
                         help="a vocoder folder (train_vocoder.py --output-dir) or griffin-lim (default: the run's own, "
                              "RUN/vocoder, else training.vocoder, else Griffin-Lim)")
@@ -57,6 +62,8 @@ def main(argv=None) -> int:
                         help="measure --unseen-voices even where training used its voices (a fine-tuned voice; "
                              "training voices as the decoder's best)")
     args = parser.parse_args(argv)
+    if args.fit_head is not None and (not args.fit_voice or args.fit_head <= 0):
+        parser.error("--fit-head needs --fit-voice N and a RIDGE above 0")
 
     from myxtts.startup_noise import quiet_tensorflow
 
@@ -133,23 +140,29 @@ def main(argv=None) -> int:
         except ValueError as error:
             print(f"error: {error}", file=sys.stderr)
             return 2
-        measured = voices.measure(network)
+        # The recognizer's closed grammar must hold these sentences, which validation's may not.
+        voice_scorer = None if reason else IntelligibilityScorer(
+            [u.text for u in train_rows] + voices.sentences.texts, config.data.language,
+            workers=default_workers(len(voices.speakers)))
+        measured = voices.measure(network, scorer=voice_scorer)
         print(f"voices: {measured.summary()}")
         print("  per voice: " + ", ".join(f"{voice} {value:.3f}" for voice, value in sorted(measured.per_voice.items())))
-        if args.fit_voice:
-            fitted = voices.measure(network, fit_steps=args.fit_voice)
-            print(f"voices fitted to their references' words ({args.fit_voice} updates each, {fitted.seconds:.0f} s): "
-                  f"{fitted.summary()}")
-            print("  per voice: " + ", ".join(f"{voice} {value:.3f}" for voice, value in sorted(fitted.per_voice.items())))
         report["unseen_voices"] = {"corpus": unseen, "voices": measured.voices, "sentences": measured.total,
                                    "reference_clips": args.reference_clips,
                                    "similarity": measured.similarity, "identified": measured.identified,
                                    "recordings_similarity": measured.ceiling_similarity,
                                    "recordings_identified": measured.ceiling_identified, "heard": list(measured.heard),
-                                   "per_voice": measured.per_voice}
-        if args.fit_voice:
-            report["unseen_voices"]["fitted"] = {"steps": args.fit_voice, "similarity": fitted.similarity,
-                                                 "identified": fitted.identified, "per_voice": fitted.per_voice}
+                                   "per_voice": measured.per_voice, "wer": measured.wer}
+        routes = [("fitted", None, "voices fitted to their references' words")] if args.fit_voice else []
+        if args.fit_head is not None:
+            routes.append(("fitted_head", args.fit_head, f"... and each with its own mel head (ridge {args.fit_head:g})"))
+        for key, ridge, label in routes:
+            fitted = voices.measure(network, fit_steps=args.fit_voice, head_ridge=ridge, scorer=voice_scorer)
+            print(f"{label} ({args.fit_voice} updates each, {fitted.seconds:.0f} s): {fitted.summary()}")
+            print("  per voice: " + ", ".join(f"{voice} {value:.3f}" for voice, value in sorted(fitted.per_voice.items())))
+            report["unseen_voices"][key] = {"steps": args.fit_voice, "head_ridge": ridge, "similarity": fitted.similarity,
+                                            "identified": fitted.identified, "per_voice": fitted.per_voice,
+                                            "wer": fitted.wer}
     if args.quality:
         report["quality"] = measure_quality(sentences, mels, rows, config.data)
     if args.json:

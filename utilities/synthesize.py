@@ -17,7 +17,8 @@ With --reference-text (the words of each --reference clip, in order) the voice i
 read: the encoder's voice of the clips, then --fit-steps updates of that one vector until the model
 speaks those very clips closest to how they were recorded, the model itself unchanged
 (myxtts/models/voice_fit.py). On voices a model never heard it came closer to them than one pass of
-the encoder (BENCHMARKS.md, "Voices the model never heard").
+the encoder (BENCHMARKS.md, "Voices the model never heard"). --fit-head also fits the model's last
+layer to the clips, for this voice alone: closer still, at the cost of some words.
 """
 
 import argparse
@@ -36,6 +37,10 @@ def main(argv=None) -> int:
                         "clips, a few seconds a clip, instead of read from them in one pass (see below)")
     p.add_argument("--fit-steps", type=int, default=200, metavar="N",
                    help="updates of the voice when fitting it (default 200)")
+    p.add_argument("--fit-head", nargs="?", type=float, const=3.0, default=None, metavar="RIDGE",
+                   help="with --reference-text, also fit the model's last layer (the mel head) to the clips, for "
+                        "this voice alone: closer to the voice, a few more words wrong (RIDGE, default 3: larger "
+                        "keeps the trained head closer)")
     p.add_argument("--out", default="out.wav", help="output WAV path (default out.wav)")
     p.add_argument("--drop-unknown", action="store_true",
                    help="leave out phonemes (characters) the run never trained on, and say which, instead of stopping")
@@ -45,6 +50,8 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.fit_steps < 1:
         p.error(f"--fit-steps must be at least 1, got {args.fit_steps}")
+    if args.fit_head is not None and (not args.reference_text or args.fit_head <= 0):
+        p.error("--fit-head needs --reference-text (the words of each clip) and a RIDGE above 0")
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from myxtts.startup_noise import quiet_tensorflow
@@ -59,8 +66,11 @@ def main(argv=None) -> int:
         synthesizer = Synthesizer.from_run(run_dir, None if run == run_dir else str(run), vocoder=args.vocoder)
         voice = None
         if args.reference_text:
-            voice, before, after = synthesizer.fitted_voice(args.reference, args.reference_text, steps=args.fit_steps)
-            print(f"voice fitted to {len(args.reference)} clip(s): their mel loss {before:.3f} -> {after:.3f}", file=sys.stderr)
+            voice = synthesizer.fitted_voice(args.reference, args.reference_text, steps=args.fit_steps,
+                                             head_ridge=args.fit_head)
+            what = "voice and mel head" if args.fit_head is not None else "voice"
+            print(f"{what} fitted to {len(args.reference)} clip(s): their mel loss {voice.loss_before:.3f} -> "
+                  f"{voice.loss_after:.3f}", file=sys.stderr)
         result = synthesizer.synthesize_to_file(args.text, args.reference, args.out, drop_unknown=args.drop_unknown,
                                                 voice=voice)
         if args.benchmark:  # the first call traced the synthesis graph; time a warm one

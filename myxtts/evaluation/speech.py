@@ -92,26 +92,29 @@ class HeldOutSentences:
         return cls([u.text for u in rows], [u.audio_path for u in rows], tokens, tf.stack(mels), tf.stack(lengths), recorded, d,
                    vocoder, extra_mels)
 
-    def synthesize(self, network, limit: int | None = None, voices=None) -> list[np.ndarray]:
-        """Log-mels [frames, n_mels] of every sentence (or the first `limit`), each cut to its own length;
-        in `voices` [N, d] (one per sentence, e.g. fitted: `voice_fit`) instead of the references' when given."""
+    def synthesize(self, network, limit: int | None = None, voices=None, only: list[int] | None = None) -> list[np.ndarray]:
+        """Log-mels [frames, n_mels] of every sentence (or the first `limit`, or those at `only`), each cut
+        to its own length; in `voices` [N, d] (one per sentence, e.g. fitted: `voice_fit`) instead of the
+        references' when given."""
+        chosen = list(only) if only is not None else list(range(min(len(self.texts), limit or len(self.texts))))
         mels = []
-        for start in range(0, min(len(self.texts), limit or len(self.texts)), _BATCH):
-            rows = slice(start, min(start + _BATCH, limit or len(self.texts)))
+        for start in range(0, len(chosen), _BATCH):
+            rows = chosen[start:start + _BATCH]
             tokens = self.tokens[rows]
             tokens = tokens[:, : int((tokens != PAD_ID).sum(axis=1).max())]
             if voices is not None:
-                mel, length = generate(network, tokens, voice=voices[rows])
+                mel, length = generate(network, tokens, voice=tf.gather(voices, rows))
             elif self.extra_references is None:
-                mel, length = generate(network, tokens, self.reference_mel[rows], self.reference_length[rows])
+                mel, length = generate(network, tokens, tf.gather(self.reference_mel, rows),
+                                       tf.gather(self.reference_length, rows))
             else:
                 mel, length = generate(network, tokens, voice=self._averaged_voices(network, rows))
             mels += [m[:n] for m, n in zip(mel.numpy(), length.numpy())]
         return mels
 
-    def _averaged_voices(self, network, rows: slice) -> tf.Tensor:
+    def _averaged_voices(self, network, rows: list[int]) -> tf.Tensor:
         voices = []
-        for i in range(len(self.texts))[rows]:
+        for i in rows:
             mels = [self.reference_mel[i]] + [m for m, _ in self.extra_references[i]]
             lengths = [self.reference_length[i]] + [n for _, n in self.extra_references[i]]
             voices.append(network.voice(tf.stack(mels), tf.stack(lengths), average=True)[0])

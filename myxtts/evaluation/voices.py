@@ -53,6 +53,7 @@ class VoicesReport:
     seconds: float = 0.0
     heard: tuple[str, ...] = ()  # voices of the corpus that training used (only with heard_ok)
     per_voice: dict[str, float] = field(default_factory=dict)  # each voice's mean similarity
+    wer: float | None = None  # of the synthesized sentences, when measured with a scorer
 
     @property
     def relative_similarity(self) -> float:
@@ -63,7 +64,8 @@ class VoicesReport:
                  if self.heard else f"{self.voices} voices training never heard")
         return (f"{which}, {self.total} sentences: speaker similarity "
                 f"{self.similarity:.3f} ({self.relative_similarity:.1%} of the recordings' {self.ceiling_similarity:.3f}), "
-                f"identified {self.identified}/{self.total} (recordings {self.ceiling_identified}/{self.total})")
+                f"identified {self.identified}/{self.total} (recordings {self.ceiling_identified}/{self.total})"
+                + (f", WER {self.wer:.3f}" if self.wer is not None else ""))
 
 
 class UnseenVoices:
@@ -119,24 +121,29 @@ class UnseenVoices:
         ceiling = _totals(_score(encoder, recordings, speakers, centroids, d.sample_rate))
         return cls(sentences, speakers, centroids, ceiling, encoder, tuple(overlap), reference_rows, vocabulary)
 
-    def measure(self, network, fit_steps: int = 0) -> VoicesReport:
+    def measure(self, network, fit_steps: int = 0, head_ridge: float | None = None, scorer=None) -> VoicesReport:
         """The report; with `fit_steps`, each voice is fitted to its reference clips and their words
-        (`voice_fit`, that many updates) instead of read from them by the encoder in one pass."""
+        (`voice_fit`, that many updates; with `head_ridge`, a mel head of its own too) instead of read
+        from them by the encoder in one pass. With `scorer` (an IntelligibilityScorer whose language
+        model holds these sentences), the syntheses' WER too."""
         start = time.perf_counter()
         d = self.sentences.data_config
-        voices = self._fitted_voices(network, fit_steps) if fit_steps else None
-        waveforms = [self.sentences.waveform(mel) for mel in self.sentences.synthesize(network, voices=voices)]
+        mels = self._fitted_mels(network, fit_steps, head_ridge) if fit_steps else self.sentences.synthesize(network)
+        waveforms = [self.sentences.waveform(mel) for mel in mels]
         scores = _score(self.encoder, waveforms, self.speakers, self.centroids, d.sample_rate)
         similarity, identified = _totals(scores)
+        wer = None
+        if scorer is not None:
+            wer = scorer.score([(w, d.sample_rate, text) for w, text in zip(waveforms, self.sentences.texts)]).wer
         by_voice = defaultdict(list)
         for speaker, (cosine, _) in zip(self.speakers, scores):
             by_voice[speaker].append(cosine)
         return VoicesReport(similarity, identified, len(waveforms), self.ceiling_similarity, self.ceiling_identified,
                             len(self.centroids), time.perf_counter() - start, self.heard,
-                            {voice: float(np.mean(cosines)) for voice, cosines in by_voice.items()})
+                            {voice: float(np.mean(cosines)) for voice, cosines in by_voice.items()}, wer)
 
-    def _fitted_voices(self, network, steps: int):
-        """[N, d]: each sentence's voice, fitted once per voice to its reference clips."""
+    def _fitted_voices(self, network, steps: int, head_ridge: float | None = None) -> dict:
+        """{voice: voice_fit.FittedVoice}, each fitted once to its reference clips and their words."""
         import tensorflow as tf
 
         from myxtts.data.pipeline import reference_log_mel
@@ -148,8 +155,25 @@ class UnseenVoices:
             token_ids = [self.vocabulary.encode(text, d.text_frontend) for text in model_texts(rows, d.text_frontend)]
             fitted[voice] = fit_voice_to_clips(network, tf.stack(mels), tf.stack(lengths),
                                                [trimmed_clip(u.audio_path, d)[0] for u in rows], token_ids, d,
-                                               steps=steps)[0][0]
-        return tf.stack([fitted[speaker] for speaker in self.speakers])
+                                               steps=steps, head_ridge=head_ridge)
+        return fitted
+
+    def _fitted_mels(self, network, steps: int, head_ridge: float | None) -> list[np.ndarray]:
+        """Every sentence spoken in its fitted voice: a voice's sentences together, as each may wear
+        its own mel head."""
+        import tensorflow as tf
+
+        from myxtts.models.voice_fit import speaking_as
+
+        fitted = self._fitted_voices(network, steps, head_ridge)
+        voices = tf.concat([fitted[speaker].voice for speaker in self.speakers], axis=0)
+        mels = [None] * len(self.speakers)
+        for voice, fit in fitted.items():
+            only = [i for i, speaker in enumerate(self.speakers) if speaker == voice]
+            with speaking_as(network, fit):
+                for i, mel in zip(only, self.sentences.synthesize(network, voices=voices, only=only)):
+                    mels[i] = mel
+        return mels
 
 
 def unseen_voices_for(config, train_rows, vocabulary, echo=print, heard_ok: bool = False,

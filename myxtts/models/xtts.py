@@ -204,12 +204,17 @@ class XTTS(keras.Model):
 
     def decode_frames(self, text, index, mel_length, training=False):
         """mel [B, frames, n_mels] float32 where frame t speaks token index[b, t] of text [B, L, d]."""
+        features, mask = self.decoder_features(text, index, mel_length, training)
+        return denormalize_mel(self.mel_head(features)) * tf.cast(mask, tf.float32)
+
+    def decoder_features(self, text, index, mel_length, training=False):
+        """(what the mel head reads [B, frames, d], the valid frames [B, frames, 1]) for `decode_frames`."""
         frames = tf.shape(index)[1]
         mask = tf.expand_dims(tf.sequence_mask(mel_length, frames, dtype=self.compute_dtype), 2)
         length = tf.shape(text)[1]
         x = tf.gather(text, tf.minimum(index, length - 1), batch_dims=1) * mask  # [B, frames, d]
         x = self._blocks(self.decoder_blocks, self.decoder_input(x) * mask, training, keep=mask)
-        return denormalize_mel(self.mel_head(self.decoder_norm(x))) * tf.cast(mask, tf.float32)
+        return self.decoder_norm(x), mask
 
     def _window(self, index, mel, mel_length):
         """One random window of `decoder_window` frames per clip, inside the clip where it is longer:
