@@ -393,6 +393,17 @@ def _check_free_running_report(run_dir, tmp_path):
     for route in (voices, voices["fitted"], voices["fitted_head"]):  # each route's words, measured
         assert 0.0 <= route["wer"] <= 2.0, route
     assert free_running_check.main(["--run", str(tmp_path / "no_such_run")]) == 2
+    # A run whose corpus has moved: a clear error naming the path and what to change, not a traceback.
+    import shutil
+
+    moved = tmp_path / "moved_run"
+    shutil.copytree(run_dir, moved)
+    corpus_path = config_lib.load_run_config(moved / "config.yaml").data.train_data
+    (moved / "config.yaml").write_text((moved / "config.yaml").read_text().replace(corpus_path, str(tmp_path / "gone")))
+    printed = io.StringIO()
+    with contextlib.redirect_stderr(printed):
+        assert free_running_check.main(["--run", str(moved), "--sentences", "1"]) == 2
+    assert str(tmp_path / "gone") in printed.getvalue() and "data.train_data" in printed.getvalue(), printed.getvalue()
     # The training corpus's own voices are refused as "unseen" unless asked for with --heard-voices.
     corpus = config_lib.load_run_config(run_dir / "config.yaml").data.train_data
     with contextlib.redirect_stderr(printed):

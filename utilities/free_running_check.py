@@ -84,7 +84,13 @@ def main(argv=None) -> int:
         return 2
     config, network = synthesizer.config, synthesizer.network
     # The rows as training read them (phonemized the same way, the run's vocabulary).
-    text = prepare_run(config, args.run, resume="require", echo=lambda message: None).text
+    try:
+        text = prepare_run(config, args.run, resume="require", echo=lambda message: None).text
+    except FileNotFoundError as error:
+        print(f"error: {error}. The check speaks the run's validation rows, split from its data.train_data as "
+              f"training split them: put that corpus back, or point data.train_data in "
+              f"{Path(args.run) / 'config.yaml'} at where it is now", file=sys.stderr)
+        return 2
     train_rows, val_rows = text.train_rows, text.val_rows
     rows = val_rows[: args.sentences] if args.sentences else val_rows
     vocoder = synthesizer.vocoder
