@@ -268,3 +268,25 @@ def test_a_fitted_head_is_the_ridge_solution_and_is_worn_only_while_its_voice_sp
         np.testing.assert_array_equal(weight, saved)
     plain = generate(model, tokens, voice=headed.voice)[0]
     assert not np.allclose(worn.numpy(), plain.numpy(), atol=1e-3)
+
+
+def test_fitting_one_voice_after_another_gives_what_fitting_it_alone_gives(model, prompt):
+    # The fitting steps are traced once per network and reused: each fit starts afresh (its own start,
+    # Adam's moments and step count at zero), so nothing of the voice before leaks into the next.
+    from myxtts.models import voice_fit
+
+    tokens, reference, reference_length = prompt
+    rng = np.random.default_rng(2)
+    first, second = (tf.constant(rng.normal(-4.0, 2.0, (2, 30, N_MELS)).astype(np.float32)) for _ in range(2))
+    lengths = (tf.constant([30, 25]), tokens, tf.constant([7, 5]))
+
+    def fit(mel, clip):
+        return voice_fit.fit_voice(model, reference[clip:clip + 1], reference_length[clip:clip + 1], mel,
+                                   lengths[0], lengths[1], lengths[2], steps=20)
+
+    fit(first, 0)
+    after = fit(second, 2)  # the steps traced for the first voice (the same shapes), reused
+    voice_fit._FITTERS.clear()
+    alone = fit(second, 2)  # traced afresh
+    assert after.loss_before == alone.loss_before
+    np.testing.assert_array_equal(after.voice.numpy(), alone.voice.numpy())

@@ -24,6 +24,7 @@ spectrum. It costs words: the head learns the reference clips' sounds, and sound
 from __future__ import annotations
 
 import contextlib
+import weakref
 from dataclasses import dataclass
 
 import keras
@@ -75,39 +76,67 @@ def fit_voice(network, reference_mel, reference_length, mel, mel_length, tokens,
     reference_mel [N, R, n_mels], reference_length [N]: the encoder's input (`reference_log_mel` of each
     clip), whose averaged voice is the start; mel [N, T, n_mels], mel_length [N]: the same clips whole,
     as training reads them; tokens [N, L], text_length [N]: their words, tokenized as training does."""
-    mel = tf.convert_to_tensor(mel, tf.float32)
-    mel_length = tf.convert_to_tensor(mel_length, tf.int32)
-    tokens = tf.convert_to_tensor(tokens, tf.int32)
-    text_length = tf.convert_to_tensor(text_length, tf.int32)
-    # The recording's own alignment, once: it reads the mel and the tokens, not the voice. Traced, as
-    # the alignment's frame loops would otherwise dispatch every frame's ops from Python.
-    durations = tf.function(network.align)(mel, mel_length, tokens, text_length)[2]
-    index = alignment.frame_tokens(durations, tf.shape(mel)[1])
-    start = network.voice(tf.convert_to_tensor(reference_mel, tf.float32),
-                          tf.convert_to_tensor(reference_length, tf.int32), average=True)
-    voice = tf.Variable(tf.cast(start, tf.float32), name="fitted_voice")
-    optimizer = keras.optimizers.Adam(learning_rate)
-
-    def loss():
-        text = network.encode_text(tokens, text_length, tf.broadcast_to(voice, [tf.shape(tokens)[0], voice.shape[1]]))
-        return tf.reduce_mean(losses.mel_loss(mel, mel_length, network.decode_frames(text, index, mel_length)))
-
-    @tf.function
-    def update():
-        with tf.GradientTape() as tape:
-            value = loss()
-        optimizer.apply([tape.gradient(value, voice)], [voice])
-        return value
-
-    before = float(update())  # the loss of the encoder's voice: measured before the first change
+    clips = (tf.convert_to_tensor(mel, tf.float32), tf.convert_to_tensor(mel_length, tf.int32),
+             tf.convert_to_tensor(tokens, tf.int32), tf.convert_to_tensor(text_length, tf.int32))
+    fitter = _fitter(network)
+    # The recording's own alignment, once: it reads the mel and the tokens, not the voice.
+    clips += (alignment.frame_tokens(fitter.align(*clips), tf.shape(clips[0])[1]),)
+    fitter.start(network.voice(tf.convert_to_tensor(reference_mel, tf.float32),
+                               tf.convert_to_tensor(reference_length, tf.int32), average=True), learning_rate)
+    before = float(fitter.update(*clips))  # the loss of the encoder's voice: measured before the first change
     for _ in range(steps - 1):
-        update()
-    fitted = FittedVoice(tf.convert_to_tensor(voice), before, 0.0)
+        fitter.update(*clips)
+    fitted = FittedVoice(tf.identity(fitter.voice), before, 0.0)
     if head_ridge is not None:
-        fitted.head = fit_head(network, fitted.voice, mel, mel_length, tokens, text_length, index, head_ridge)
+        fitted.head = fit_head(network, fitted.voice, *clips, head_ridge)
     with speaking_as(network, fitted):
-        fitted.loss_after = float(tf.function(loss)())
+        fitted.loss_after = float(fitter.loss(*clips))
     return fitted
+
+
+class _Fitter:
+    """The compiled steps of fitting voices to one network, traced once for every voice it fits. Built
+    anew for each voice, they were traced anew too: most of a fit's time, and TensorFlow's retracing
+    warning from the sixth voice on."""
+
+    def __init__(self, network):
+        network = weakref.ref(network)  # as inference.generate's cache: it must not keep the network alive
+        self.voice = tf.Variable(tf.zeros([1, network().spec.d_model]), name="fitted_voice")
+        self.optimizer = keras.optimizers.Adam(DEFAULT_LEARNING_RATE)
+        self.optimizer.build([self.voice])
+        # Traced: the alignment's frame loops would otherwise dispatch every frame's ops from Python.
+        self.align = tf.function(lambda *clip: network().align(*clip)[2], reduce_retracing=True)
+        self.loss = tf.function(lambda *clips: _clips_loss(network(), self.voice, *clips), reduce_retracing=True)
+
+        def update(*clips):
+            with tf.GradientTape() as tape:
+                value = _clips_loss(network(), self.voice, *clips)
+            self.optimizer.apply([tape.gradient(value, self.voice)], [self.voice])
+            return value
+
+        self.update = tf.function(update, reduce_retracing=True)
+
+    def start(self, voice, learning_rate: float):
+        """A fresh fit from `voice`: Adam's step count and moments back to zero."""
+        self.voice.assign(tf.cast(voice, tf.float32))
+        for variable in self.optimizer.variables:
+            variable.assign(tf.zeros_like(variable))
+        self.optimizer.learning_rate = learning_rate
+
+
+_FITTERS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def _fitter(network) -> _Fitter:
+    if network not in _FITTERS:
+        _FITTERS[network] = _Fitter(network)
+    return _FITTERS[network]
+
+
+def _clips_loss(network, voice, mel, mel_length, tokens, text_length, index):
+    """The clips' mel loss decoded in `voice` on their own alignment `index`, as training decodes."""
+    text = network.encode_text(tokens, text_length, tf.broadcast_to(voice, [tf.shape(tokens)[0], voice.shape[1]]))
+    return tf.reduce_mean(losses.mel_loss(mel, mel_length, network.decode_frames(text, index, mel_length)))
 
 
 def fit_head(network, voice, mel, mel_length, tokens, text_length, index, ridge: float) -> list[np.ndarray]:
