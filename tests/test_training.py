@@ -375,7 +375,7 @@ def _check_free_running_report(run_dir, tmp_path):
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
         assert free_running_check.main(["--run", str(run_dir), "--sentences", "1", "--json", str(tmp_path / "r.json"),
-                                        "--fit-voice", "3", "--fit-head", "3"]) == 0
+                                        "--fit-voice", "3", "--fit-head", "3", "--quality"]) == 0
     text = printed.getvalue()
     assert "syntheses:  intelligibility: WER" in text and "recordings: intelligibility: WER" in text, text
     report = json.loads((tmp_path / "r.json").read_text())
@@ -390,8 +390,9 @@ def _check_free_running_report(run_dir, tmp_path):
     assert voices["fitted"]["steps"] == 3 and sorted(voices["fitted"]["per_voice"]) == sorted(voices["per_voice"])
     assert voices["fitted_head"]["head_ridge"] == 3.0 and voices["fitted"]["head_ridge"] is None
     assert voices["fitted_head"]["similarity"] != voices["fitted"]["similarity"]  # the head changed the sound
-    for route in (voices, voices["fitted"], voices["fitted_head"]):  # each route's words, measured
-        assert 0.0 <= route["wer"] <= 2.0, route
+    for route in (voices, voices["fitted"], voices["fitted_head"]):  # each route's words and sound, measured
+        assert 0.0 <= route["wer"] <= 2.0 and 1.0 <= route["dnsmos"]["ovrl"] <= 5.0, route
+    assert voices["fitted_head"]["dnsmos"] != voices["fitted"]["dnsmos"]
     assert free_running_check.main(["--run", str(tmp_path / "no_such_run")]) == 2
     # A run whose corpus has moved: a clear error naming the path and what to change, not a traceback.
     import shutil

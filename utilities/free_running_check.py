@@ -21,8 +21,8 @@ offline recognizer (pocketsphinx, with a language model of the corpus's own sent
   --fit-voice N, the same sentences again in each voice fitted to its reference clips' words, and
   with --fit-head too, each voice also wearing a mel head fitted to those clips; the WER of each
   route's syntheses is measured where the language is;
-- with --quality: DNSMOS of the syntheses, and the vocoder's copy-synthesis of the sentences'
-  recordings (STOI, PESQ-WB when `pesq` is installed, DNSMOS) beside Griffin-Lim's (evaluation/quality.py).
+- with --quality: DNSMOS of the syntheses (and of each unseen-voice route's), and the vocoder's
+  copy-synthesis of the sentences' recordings (STOI, PESQ-WB when `pesq` is installed, DNSMOS) beside Griffin-Lim's (evaluation/quality.py).
 """
 
 from __future__ import annotations
@@ -150,7 +150,7 @@ def main(argv=None) -> int:
         voice_scorer = None if reason else IntelligibilityScorer(
             [u.text for u in train_rows] + voices.sentences.texts, config.data.language,
             workers=default_workers(len(voices.speakers)))
-        measured = voices.measure(network, scorer=voice_scorer)
+        measured = voices.measure(network, scorer=voice_scorer, quality=args.quality)
         print(f"voices: {measured.summary()}")
         print("  per voice: " + ", ".join(f"{voice} {value:.3f}" for voice, value in sorted(measured.per_voice.items())))
         report["unseen_voices"] = {"corpus": unseen, "voices": measured.voices, "sentences": measured.total,
@@ -158,17 +158,18 @@ def main(argv=None) -> int:
                                    "similarity": measured.similarity, "identified": measured.identified,
                                    "recordings_similarity": measured.ceiling_similarity,
                                    "recordings_identified": measured.ceiling_identified, "heard": list(measured.heard),
-                                   "per_voice": measured.per_voice, "wer": measured.wer}
+                                   "per_voice": measured.per_voice, "wer": measured.wer, "dnsmos": measured.dnsmos}
         routes = [("fitted", None, "voices fitted to their references' words")] if args.fit_voice else []
         if args.fit_head is not None:
             routes.append(("fitted_head", args.fit_head, f"... and each with its own mel head (ridge {args.fit_head:g})"))
         for key, ridge, label in routes:
-            fitted = voices.measure(network, fit_steps=args.fit_voice, head_ridge=ridge, scorer=voice_scorer)
+            fitted = voices.measure(network, fit_steps=args.fit_voice, head_ridge=ridge, scorer=voice_scorer,
+                                    quality=args.quality)
             print(f"{label} ({args.fit_voice} updates each, {fitted.seconds:.0f} s): {fitted.summary()}")
             print("  per voice: " + ", ".join(f"{voice} {value:.3f}" for voice, value in sorted(fitted.per_voice.items())))
             report["unseen_voices"][key] = {"steps": args.fit_voice, "head_ridge": ridge, "similarity": fitted.similarity,
                                             "identified": fitted.identified, "per_voice": fitted.per_voice,
-                                            "wer": fitted.wer}
+                                            "wer": fitted.wer, "dnsmos": fitted.dnsmos}
     if args.quality:
         report["quality"] = measure_quality(sentences, mels, rows, config.data)
     if args.json:

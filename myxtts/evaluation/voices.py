@@ -54,6 +54,7 @@ class VoicesReport:
     heard: tuple[str, ...] = ()  # voices of the corpus that training used (only with heard_ok)
     per_voice: dict[str, float] = field(default_factory=dict)  # each voice's mean similarity
     wer: float | None = None  # of the synthesized sentences, when measured with a scorer
+    dnsmos: dict[str, float] | None = None  # their mean DNSMOS (ovrl, sig, bak, p808), when asked for
 
     @property
     def relative_similarity(self) -> float:
@@ -65,7 +66,8 @@ class VoicesReport:
         return (f"{which}, {self.total} sentences: speaker similarity "
                 f"{self.similarity:.3f} ({self.relative_similarity:.1%} of the recordings' {self.ceiling_similarity:.3f}), "
                 f"identified {self.identified}/{self.total} (recordings {self.ceiling_identified}/{self.total})"
-                + (f", WER {self.wer:.3f}" if self.wer is not None else ""))
+                + (f", WER {self.wer:.3f}" if self.wer is not None else "")
+                + (f", DNSMOS overall {self.dnsmos['ovrl']:.2f}" if self.dnsmos else ""))
 
 
 class UnseenVoices:
@@ -121,11 +123,13 @@ class UnseenVoices:
         ceiling = _totals(_score(encoder, recordings, speakers, centroids, d.sample_rate))
         return cls(sentences, speakers, centroids, ceiling, encoder, tuple(overlap), reference_rows, vocabulary)
 
-    def measure(self, network, fit_steps: int = 0, head_ridge: float | None = None, scorer=None) -> VoicesReport:
+    def measure(self, network, fit_steps: int = 0, head_ridge: float | None = None, scorer=None,
+                quality: bool = False) -> VoicesReport:
         """The report; with `fit_steps`, each voice is fitted to its reference clips and their words
         (`voice_fit`, that many updates; with `head_ridge`, a mel head of its own too) instead of read
         from them by the encoder in one pass. With `scorer` (an IntelligibilityScorer whose language
-        model holds these sentences), the syntheses' WER too."""
+        model holds these sentences), the syntheses' WER too; with `quality`, their DNSMOS
+        (requirements-quality.txt)."""
         start = time.perf_counter()
         d = self.sentences.data_config
         mels = self._fitted_mels(network, fit_steps, head_ridge) if fit_steps else self.sentences.synthesize(network)
@@ -135,12 +139,18 @@ class UnseenVoices:
         wer = None
         if scorer is not None:
             wer = scorer.score([(w, d.sample_rate, text) for w, text in zip(waveforms, self.sentences.texts)]).wer
+        mos = None
+        if quality:
+            from myxtts.evaluation.quality import dnsmos
+
+            each = [dnsmos(w, d.sample_rate) for w in waveforms]
+            mos = {key: float(np.mean([clip[key] for clip in each])) for key in each[0]}
         by_voice = defaultdict(list)
         for speaker, (cosine, _) in zip(self.speakers, scores):
             by_voice[speaker].append(cosine)
         return VoicesReport(similarity, identified, len(waveforms), self.ceiling_similarity, self.ceiling_identified,
                             len(self.centroids), time.perf_counter() - start, self.heard,
-                            {voice: float(np.mean(cosines)) for voice, cosines in by_voice.items()}, wer)
+                            {voice: float(np.mean(cosines)) for voice, cosines in by_voice.items()}, wer, mos)
 
     def _fitted_voices(self, network, steps: int, head_ridge: float | None = None) -> dict:
         """{voice: voice_fit.FittedVoice}, each fitted once to its reference clips and their words."""
