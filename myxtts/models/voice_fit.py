@@ -56,7 +56,9 @@ class FittedVoice:
 
 @contextlib.contextmanager
 def speaking_as(network, fitted: FittedVoice):
-    """The network with `fitted`'s own mel head in place, the trained one restored on leaving."""
+    """The network with `fitted`'s own mel head in place, the trained one restored on leaving. The head
+    is the network's own layer, so two threads must not speak different fitted voices on one network
+    at once."""
     if fitted.head is None:
         yield network
         return
