@@ -37,6 +37,7 @@ def main(argv=None) -> int:
                         "clips, a few seconds a clip, instead of read from them in one pass (see below)")
     p.add_argument("--fit-steps", type=int, default=200, metavar="N",
                    help="updates of the voice when fitting it (default 200)")
+    # const is voice_fit.DEFAULT_HEAD_RIDGE, written out: --help stays quick, without importing TensorFlow.
     p.add_argument("--fit-head", nargs="?", type=float, const=3.0, default=None, metavar="RIDGE",
                    help="with --reference-text, also fit the model's last layer (the mel head) to the clips, for "
                         "this voice alone: closer to the voice, a few more words wrong (RIDGE, default 3: larger "

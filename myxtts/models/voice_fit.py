@@ -135,9 +135,14 @@ def _fitter(network) -> _Fitter:
     return _FITTERS[network]
 
 
+def _encoded(network, voice, tokens, text_length):
+    """The clips' words [N, L, d] encoded in the one voice [1, d]."""
+    return network.encode_text(tokens, text_length, tf.broadcast_to(voice, [tf.shape(tokens)[0], voice.shape[1]]))
+
+
 def _clips_loss(network, voice, mel, mel_length, tokens, text_length, index):
     """The clips' mel loss decoded in `voice` on their own alignment `index`, as training decodes."""
-    text = network.encode_text(tokens, text_length, tf.broadcast_to(voice, [tf.shape(tokens)[0], voice.shape[1]]))
+    text = _encoded(network, voice, tokens, text_length)
     return tf.reduce_mean(losses.mel_loss(mel, mel_length, network.decode_frames(text, index, mel_length)))
 
 
@@ -149,7 +154,7 @@ def fit_head(network, voice, mel, mel_length, tokens, text_length, index, ridge:
     head and Y the recorded frames (normalised as the head predicts them), the change is
     (X'X + p I)^-1 X'(Y - X W0), where p = ridge x the mean diagonal of X'X: `ridge` weighs the trained
     head against the clips, whatever their length and the features' scale."""
-    text = network.encode_text(tokens, text_length, tf.broadcast_to(voice, [tf.shape(tokens)[0], voice.shape[1]]))
+    text = _encoded(network, voice, tokens, text_length)
     features, _ = network.decoder_features(text, index, mel_length)
     valid = tf.sequence_mask(mel_length, tf.shape(mel)[1])
     x = tf.boolean_mask(features, valid).numpy().astype(np.float64)
