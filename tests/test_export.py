@@ -97,6 +97,25 @@ def test_the_assets_hold_the_vocabulary_and_audio_settings(exported):
     assert settings["sample_rate"] == 22050 and settings["n_mels"] == 80 and settings["text_frontend"] == "phonemes"
 
 
+def test_the_saved_model_reads_a_reference_at_another_rate_as_the_pipeline_does(exported, demo_corpus, tmp_path):
+    # A user's reference is rarely at the model's rate: the SavedModel resamples it in its own graph.
+    import soundfile
+    import soxr
+    import tensorflow as tf
+
+    from myxtts.data.pipeline import reference_log_mel
+
+    run, out = exported
+    d = Synthesizer.from_run(run).config.data
+    samples, rate = soundfile.read(sorted((demo_corpus / "wavs").glob("*.wav"))[0], dtype="float32")
+    path = tmp_path / "reference_16k.wav"
+    soundfile.write(path, soxr.resample(samples, rate, 16000), 16000, subtype="PCM_16")
+    reference = tf.saved_model.load(str(out)).reference_mel(tf.io.read_file(str(path)))
+    mel, length = reference_log_mel(str(path), d)
+    assert int(reference["length"]) == int(length) > 0
+    np.testing.assert_allclose(reference["mel"].numpy(), mel.numpy(), atol=1e-4)
+
+
 def test_export_of_a_folder_that_is_not_a_run_is_a_clear_error(tmp_path, capsys):
     assert export_model.main(["--run", str(tmp_path / "nothing"), "--out", str(tmp_path / "out")]) == 2
     assert "not a MyXTTS run folder" in capsys.readouterr().err
