@@ -75,9 +75,9 @@ def test_more_reference_clips_are_averaged_into_the_voice_of_the_same_sentences(
     mels, lengths = zip(*(reference_log_mel(tf.constant(path), config.data) for path in clips))
     voice = network.voice(tf.stack(mels), tf.stack(lengths), average=True)
     expected, length = generate(network, two.sentences.tokens[:1], voice=voice)
-    spoken = two.sentences.synthesize(network, limit=1)[0]
+    spoken = two.sentences.synthesize(network, only=[0])[0]
     np.testing.assert_allclose(spoken, expected[0, : int(length[0])].numpy(), atol=1e-5)
-    alone = one.sentences.synthesize(network, limit=1)[0]
+    alone = one.sentences.synthesize(network, only=[0])[0]
     assert alone.shape != spoken.shape or not np.allclose(alone, spoken, atol=1e-3)
 
 
@@ -132,3 +132,18 @@ def test_the_share_of_the_recordings_score_is_not_rounded_up_to_a_target():
     # 0.834 of 0.931 is 89.6%: short of issue 26's 90%, which a whole-percent summary printed as reached.
     report = VoicesReport(0.834, 17, 18, 0.931, 18, 9)
     assert "speaker similarity 0.834 (89.6% of the recordings' 0.931), identified 17/18" in report.summary()
+
+
+@pytest.mark.parametrize("tool", ["synthesize.py", "free_running_check.py"])
+def test_the_tools_fit_head_default_is_voice_fits(tool):
+    # The tools write the ridge out (their --help must not wait for TensorFlow); it must not drift.
+    import ast
+    from pathlib import Path
+
+    from myxtts.models.voice_fit import DEFAULT_HEAD_RIDGE
+
+    source = (Path(__file__).resolve().parents[1] / "utilities" / tool).read_text(encoding="utf-8")
+    consts = [keyword.value.value for call in ast.walk(ast.parse(source)) if isinstance(call, ast.Call)
+              and call.args and isinstance(call.args[0], ast.Constant) and call.args[0].value == "--fit-head"
+              for keyword in call.keywords if keyword.arg == "const"]
+    assert consts == [DEFAULT_HEAD_RIDGE]

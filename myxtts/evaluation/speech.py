@@ -92,11 +92,11 @@ class HeldOutSentences:
         return cls([u.text for u in rows], [u.audio_path for u in rows], tokens, tf.stack(mels), tf.stack(lengths), recorded, d,
                    vocoder, extra_mels)
 
-    def synthesize(self, network, limit: int | None = None, voices=None, only: list[int] | None = None) -> list[np.ndarray]:
-        """Log-mels [frames, n_mels] of every sentence (or the first `limit`, or those at `only`), each cut
-        to its own length; in `voices` [N, d] (one per sentence, e.g. fitted: `voice_fit`) instead of the
-        references' when given."""
-        chosen = list(only) if only is not None else list(range(min(len(self.texts), limit or len(self.texts))))
+    def synthesize(self, network, voices=None, only: list[int] | None = None) -> list[np.ndarray]:
+        """Log-mels [frames, n_mels] of every sentence (or those at `only`), each cut to its own length;
+        in `voices` [N, d] (one per sentence, e.g. fitted: `voice_fit`) instead of the references' when
+        given."""
+        chosen = list(only) if only is not None else list(range(len(self.texts)))
         mels = []
         for start in range(0, len(chosen), _BATCH):
             rows = chosen[start:start + _BATCH]

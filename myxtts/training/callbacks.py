@@ -332,7 +332,7 @@ class SpeechCheck(keras.callbacks.Callback):
                       f"of the recordings ({report.seconds:.0f} s)")
             first = report.mels[0]
         else:
-            first = self.sentences.synthesize(self.network, limit=1)[0]
+            first = self.sentences.synthesize(self.network, only=[0])[0]
         if self.voices is not None:
             voices = self.voices.measure(self.network)
             logs["val_speaker_similarity"] = voices.similarity
