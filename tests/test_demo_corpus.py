@@ -225,3 +225,18 @@ def test_the_synthesis_workers_do_not_import_tensorflow():
     done = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "False"
+
+
+def test_an_out_that_is_a_file_or_cannot_be_written_is_one_line_naming_it(tmp_path, capsys):
+    from utilities import make_demo_corpus as tool
+
+    a_file = tmp_path / "corpus.txt"
+    a_file.write_text("not a folder")
+    assert tool.main(["--out", str(a_file), "--num-utterances", "2", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert f"{a_file} is a file, not a folder" in err and "Traceback" not in err, err
+
+    inside_a_file = a_file / "corpus"  # its folder cannot be made: the OSError, named, root or not
+    assert tool.main(["--out", str(inside_a_file), "--num-utterances", "2", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert f"cannot write the corpus to {inside_a_file}" in err and "Traceback" not in err, err

@@ -123,6 +123,10 @@ def test_the_corpus_is_laid_out_as_the_demos_and_kept_when_complete(tmp_path):
     assert len(spoken) == count  # complete: nothing spoken again
     with pytest.raises(FileExistsError, match="not a Kokoro corpus of these arguments"):
         kokoro.make_kokoro_corpus(out, 6, ["af_a", "bm_b"], seed=2, speak=speak, progress=False)
+    a_file = tmp_path / "corpus.txt"
+    a_file.write_text("not a folder")
+    with pytest.raises(FileExistsError, match="is a file, not a folder"):  # was a NotADirectoryError traceback
+        kokoro.make_kokoro_corpus(a_file, 5, ["af_a"], seed=2, speak=speak, progress=False)
 
 
 def test_an_interrupted_build_leaves_no_corpus_that_looks_complete(tmp_path):

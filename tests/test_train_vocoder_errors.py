@@ -41,3 +41,15 @@ def test_a_phase_prior_other_than_the_vocoder_started_from_is_refused(demo_corpu
     code, err = run(capsys, "--train-data", str(demo_corpus), "--output-dir", str(tmp_path / "v"),
                     "--init-from", str(start), "--phase-prior", "griffin-lim")
     assert code == 2 and f"--init-from {start} was trained with 'none'" in err and "Traceback" not in err, err
+
+
+def test_a_run_without_a_checkpoint_gets_its_vocoder_and_is_told_why_no_sample_is_spoken(trained_run, tmp_path, capsys):
+    # It used to train the vocoder, then stop on a traceback where the run's demo sample is spoken.
+    run_folder = tmp_path / "run"
+    shutil.copytree(trained_run, run_folder, ignore=shutil.ignore_patterns("checkpoints", "demo_sample*.wav"))
+    code = train_vocoder.main(["--run", str(run_folder), "--size", "tiny", "--steps", "2", "--batch-size", "4",
+                               "--quality-clips", "0", "--phase-prior", "none"])
+    out, err = capsys.readouterr()
+    assert code == 0 and "Traceback" not in err, err
+    assert f"{run_folder} has no checkpoint yet" in out and "synthesize.py --checkpoint" in out, out
+    assert (run_folder / "vocoder" / "vocoder.json").is_file() and not list(run_folder.glob("demo_sample*.wav"))

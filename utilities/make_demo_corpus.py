@@ -118,8 +118,12 @@ def main(argv: list[str] | None = None) -> int:
             progress=not arguments.quiet, voices=arguments.voices, language=arguments.language,
             timing_hop_length=arguments.timing_hop, num_workers=arguments.workers or None,
         )
-    except (RuntimeError, ValueError) as error:  # a voice espeak-ng cannot select, an unknown language
+    except (RuntimeError, ValueError) as error:  # a voice espeak-ng cannot select, an unknown language, --out a file
         print(f"error: {error}", file=sys.stderr)
+        return 2
+    except OSError as error:  # a folder it may not write to, a full disk
+        print(f"error: cannot write the corpus to {arguments.out}: {error.strerror or error} ({error.filename or arguments.out})",
+              file=sys.stderr)
         return 2
     elapsed = time.monotonic() - start
     total_seconds = total_audio_seconds(corpus_dir)

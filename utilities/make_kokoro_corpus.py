@@ -60,6 +60,10 @@ def main(argv: list[str] | None = None) -> int:
     except (kokoro.KokoroMissing, FileExistsError, ValueError, RuntimeError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    except OSError as error:  # a folder it may not write to, a full disk
+        print(f"error: cannot write the corpus to {arguments.out}: {error.strerror or error} ({error.filename or arguments.out})",
+              file=sys.stderr)
+        return 2
     except ImportError as error:  # onnxruntime or soxr
         print(f"error: {error}: {kokoro.INSTALL_HINT}", file=sys.stderr)
         return 2

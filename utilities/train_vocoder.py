@@ -159,12 +159,22 @@ def train(args, machine) -> int:
     from myxtts.synthesis import GRIFFIN_LIM, RUN_VOCODER, Synthesizer
     from myxtts.training import distribute
     from myxtts.training.callbacks import VocoderSamples, optimizer_step
+    from myxtts.training.checkpoints import CheckpointError, find_checkpoint
     from myxtts.training.compile_log import CompileTimer
 
     # One host's GPUs (TF_CONFIG's several hosts are train_main.py's alone: here every process would write).
     strategy = distribute.strategy_for(args.gpus or max(len(tf.config.list_physical_devices("GPU")), 1), environ={})
     replicas = distribute.replicas(strategy)
     out = Path(args.output_dir or Path(args.run) / RUN_VOCODER)
+    speak_sample = bool(args.run) and out.resolve() == (Path(args.run) / RUN_VOCODER).resolve()
+    if speak_sample:
+        try:
+            find_checkpoint(args.run)
+        except CheckpointError:  # said now: the sample comes after minutes of training
+            speak_sample = False
+            print(f"note: {args.run} has no checkpoint yet, so the vocoder trains on its corpus but speaks no "
+                  f"demo_sample.wav; once the run has trained, speak with utilities/synthesize.py --checkpoint "
+                  f"{args.run} --vocoder {out}")
     out.mkdir(parents=True, exist_ok=True)
     policy, policy_reason, notes = vocoder_precision(machine, args.precision)
     for note in notes:
@@ -294,7 +304,7 @@ def train(args, machine) -> int:
         for name, report in reports.items():
             print(report.line(name))
         (out / "quality.json").write_text(json.dumps({name: vars(r) for name, r in reports.items()}, indent=2), encoding="utf-8")
-    if args.run and out.resolve() == (Path(args.run) / RUN_VOCODER).resolve():
+    if speak_sample:
         speak_demo_sample(Path(args.run))
     return 0
 

@@ -331,6 +331,8 @@ def make_demo_corpus(
     if timing_hop_length <= 0:
         raise ValueError(f"timing_hop_length must be positive, got {timing_hop_length}")
     out_dir = Path(out_dir)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise ValueError(f"{out_dir} is a file, not a folder: give a folder for the corpus (it is made if missing)")
     expected_stamp = {
         "format_version": FORMAT_VERSION,
         "num_utterances": num_utterances,

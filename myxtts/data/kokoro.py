@@ -198,6 +198,8 @@ def make_kokoro_corpus(out_dir: str | os.PathLike, num_utterances: int, voices: 
              "sample_rate": SAMPLE_RATE, "model_sha256": MODEL_SHA256}
     if _is_complete(out_dir, stamp):
         return out_dir
+    if out_dir.exists() and not out_dir.is_dir():
+        raise FileExistsError(f"{out_dir} is a file, not a folder: give a folder for the corpus (it is made if missing)")
     if out_dir.exists() and any(out_dir.iterdir()):
         raise FileExistsError(f"{out_dir} exists and is not a Kokoro corpus of these arguments: give another --out "
                               "or remove it")
