@@ -195,6 +195,17 @@ def test_synthesize_cli_stops_on_unseen_phonemes_and_drop_unknown_leaves_them_ou
     assert asked == ["griffin-lim", "griffin-lim"]  # --vocoder reaches the synthesizer
 
 
+def test_synthesize_cli_refuses_an_out_that_is_a_folder_before_speaking(tmp_path, capsys):
+    # It spoke, then stopped on TensorFlow's "Is a directory" traceback where the WAV was written.
+    from utilities import synthesize
+
+    with pytest.raises(SystemExit) as exited:
+        synthesize.main(["--checkpoint", str(tmp_path / "no_run"), "--text", "Hello.", "--reference", "a.wav",
+                         "--out", str(tmp_path)])
+    assert exited.value.code == 2
+    assert f"--out {tmp_path} is a folder; give the WAV file to write, e.g. {tmp_path / 'out.wav'}" in capsys.readouterr().err
+
+
 def test_a_damaged_reference_clip_is_named_with_what_is_wrong_with_it(hello_synthesizer, tmp_path):
     """The message once ended in TensorFlow's "Graph execution error:" and left out the problem."""
     synthesizer, voice = hello_synthesizer

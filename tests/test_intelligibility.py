@@ -218,3 +218,12 @@ def test_a_word_missing_from_the_dictionary_is_still_recognized(tmp_path):
     result = score_intelligibility([(pcm, SAMPLE_RATE, "The zxqvy sang.")], recognizer)
     assert result.rows[0].reference == "the zxqvy sang" and result.rows[0].errors >= 1
     assert "zxqvy" in result.summary()
+
+
+def test_measure_recordings_wer_names_a_folder_without_a_manifest(tmp_path, capsys):
+    # It was a ManifestError traceback.
+    from utilities import measure_recordings_wer
+
+    assert measure_recordings_wer.main(["--corpus", str(tmp_path)]) == 2
+    error = capsys.readouterr().err
+    assert f"{tmp_path}: folder has neither metadata.csv" in error and "Traceback" not in error, error

@@ -107,6 +107,17 @@ def test_epochs_must_be_a_positive_number(epochs, capsys):
     assert train_main.parse_args(["--epochs", "0.5"]).epochs == 0.5
 
 
+def test_an_output_dir_that_is_a_file_is_named_and_left_alone(demo_corpus, tmp_path, capsys):
+    # It was a FileExistsError traceback from mkdir.
+    a_file = tmp_path / "run.txt"
+    a_file.write_text("my notes")
+    assert train_main.main(["--train-data", str(demo_corpus), "--output-dir", str(a_file), "--model-size", "tiny",
+                            "--max-steps", "1", "--batch-size", "4", "--optimization-level", "basic"]) == 2
+    error = capsys.readouterr().err
+    assert f"the run folder {a_file} (--output-dir) is a file" in error and "Traceback" not in error, error
+    assert a_file.read_text() == "my notes"
+
+
 def test_a_hand_written_config_in_the_output_dir_is_not_replaced(demo_corpus, tmp_path, capsys):
     """Training saves its resolved config as <run>/config.yaml; a file of the user's there was overwritten."""
     from myxtts.config import load_config, save_config

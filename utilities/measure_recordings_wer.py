@@ -51,8 +51,12 @@ def main(argv=None) -> int:
         from myxtts.data.demo_corpus import make_demo_corpus
 
         make_demo_corpus(arguments.corpus, num_utterances=400, seed=0, progress=False)
-    config = load_config(arguments.config)
-    utterances = read_manifest(arguments.corpus)
+    try:
+        config = load_config(arguments.config)
+        utterances = read_manifest(arguments.corpus)
+    except ValueError as error:  # a config that does not load; no manifest there, or a bad row (named)
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     train, val = split_train_val(utterances, config.data.val_fraction, config.seed)
     print(f"corpus {arguments.corpus}: {len(utterances)} clips; validation split {len(val)} "
           f"(val_fraction {config.data.val_fraction}, seed {config.seed})", file=sys.stderr)

@@ -72,6 +72,8 @@ def train(config: Config, workdir: str | Path, *, resume: str = "auto", epochs: 
     (`run_lock.RunFolderBusy`, naming that training's pid).
     """
     workdir = Path(workdir)
+    if workdir.exists() and not workdir.is_dir():
+        raise ValueError(f"the run folder {workdir} (--output-dir) is a file: give a folder, new or a run's to resume")
     workdir.mkdir(parents=True, exist_ok=True)
     with contextlib.ExitStack() as held:
         # The lock comes first: a second training in the folder stops before it writes, or with
