@@ -29,6 +29,10 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from myxtts.output_paths import folder_problem
+
+    if problem := folder_problem(args.out, "--out"):
+        p.error(problem)
     from myxtts.startup_noise import quiet_tensorflow
 
     quiet_tensorflow()

@@ -65,6 +65,10 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.fit_head is not None and (not args.fit_voice or args.fit_head <= 0):
         parser.error("--fit-head needs --fit-voice N and a RIDGE above 0")
+    from myxtts.output_paths import file_problem
+
+    if args.json and (problem := file_problem(args.json, "--json")):
+        parser.error(problem)  # now, not after minutes of measuring
 
     from myxtts.startup_noise import quiet_tensorflow
 

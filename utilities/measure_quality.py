@@ -38,6 +38,10 @@ def main(argv=None) -> int:
     parser.add_argument("--json", default=None, help="also write the report here")
     args = parser.parse_args(argv)
     sys.path.insert(0, str(ROOT))
+    from myxtts.output_paths import file_problem
+
+    if args.json and (problem := file_problem(args.json, "--json")):
+        parser.error(problem)  # now, not after the clips are measured
 
     from myxtts.startup_noise import quiet_tensorflow
 

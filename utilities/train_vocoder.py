@@ -115,6 +115,10 @@ def main(argv=None) -> int:
     if args.run is not None and not (Path(args.run) / "config.yaml").is_file():
         parser.error(f"--run {args.run}: not a training run folder (no config.yaml); pass train_main.py's --output-dir")
     sys.path.insert(0, str(ROOT))
+    from myxtts.output_paths import folder_problem
+
+    if args.output_dir and (problem := folder_problem(args.output_dir, "--output-dir")):
+        parser.error(problem)
 
     from myxtts.startup_noise import quiet_tensorflow
 
