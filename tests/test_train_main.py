@@ -114,8 +114,11 @@ def test_an_output_dir_that_is_a_file_is_named_and_left_alone(demo_corpus, tmp_p
     assert train_main.main(["--train-data", str(demo_corpus), "--output-dir", str(a_file), "--model-size", "tiny",
                             "--max-steps", "1", "--batch-size", "4", "--optimization-level", "basic"]) == 2
     error = capsys.readouterr().err
-    assert f"the run folder {a_file} (--output-dir) is a file" in error and "Traceback" not in error, error
+    assert f"the run folder (--output-dir) {a_file} is a file, not a folder" in error and "Traceback" not in error, error
     assert a_file.read_text() == "my notes"
+    under = a_file / "run"  # its folder cannot be made: was a NotADirectoryError traceback
+    assert train_main.main(["--train-data", str(demo_corpus), "--output-dir", str(under), "--max-steps", "1"]) == 2
+    assert f"{a_file} is a file, so the folder cannot be made" in capsys.readouterr().err
 
 
 def test_a_hand_written_config_in_the_output_dir_is_not_replaced(demo_corpus, tmp_path, capsys):

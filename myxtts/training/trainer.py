@@ -30,6 +30,7 @@ from myxtts.config import Config
 from myxtts.data.phonemes import check_language
 from myxtts.data.pipeline import Epochs, build_dataset, copies_to_gpu, first_batch, to_device
 from myxtts.models.xtts import network_for
+from myxtts.output_paths import folder_problem
 from myxtts.training.callbacks import (CheckpointSaver, NonFiniteGuard, ProgressLogger, SpeechCheck, StopAtStep,
                                        ValidationSchedule, console_echo, optimizer_step)
 from myxtts.training import distribute
@@ -72,8 +73,8 @@ def train(config: Config, workdir: str | Path, *, resume: str = "auto", epochs: 
     (`run_lock.RunFolderBusy`, naming that training's pid).
     """
     workdir = Path(workdir)
-    if workdir.exists() and not workdir.is_dir():
-        raise ValueError(f"the run folder {workdir} (--output-dir) is a file: give a folder, new or a run's to resume")
+    if problem := folder_problem(workdir, "the run folder (--output-dir)"):
+        raise ValueError(problem)
     workdir.mkdir(parents=True, exist_ok=True)
     with contextlib.ExitStack() as held:
         # The lock comes first: a second training in the folder stops before it writes, or with
