@@ -21,6 +21,8 @@ import os
 import shutil
 from pathlib import Path
 
+from myxtts.output_paths import folder_problem
+
 # Every entry an export writes at the top of its folder (SavedModel files, assets/, the TFLite model).
 EXPORT_ENTRIES = frozenset({"saved_model.pb", "fingerprint.pb", "variables", "assets", "model.tflite"})
 # Keys of assets/settings.json that mark a folder as one of this package's exports.
@@ -52,10 +54,10 @@ def check_export_target(out: str | os.PathLike, run_dir: str | os.PathLike) -> N
         raise ExportFolderError(f"--out {out} {'is' if resolved_out == resolved_run else 'holds'} the run folder "
                                 f"{run}; an export replaces its --out folder, so it must be a folder of its own, "
                                 f"e.g. --out exported/{resolved_run.name}")
+    if problem := folder_problem(out, "--out"):  # a file, or under one
+        raise ExportFolderError(problem)
     if not out.exists() and not out.is_symlink():
         return
-    if not out.is_dir():
-        raise ExportFolderError(f"--out {out} is a file, not a folder; choose a new folder for the export")
     entries = sorted(entry.name for entry in out.iterdir())
     if not entries or is_earlier_export(out):
         return

@@ -2,7 +2,8 @@
 
 A report file that turns out to be a folder, or an output folder under a file, used to end minutes of
 measuring or training in a traceback, with the results lost. The tools call these on their output
-arguments first and stop with the message (argparse's `error`: one line, exit 2).
+arguments first, and so do the functions that make an output folder (`train`, the export's target
+check, the corpus makers); the message stops the run in one line, exit 2.
 """
 
 from __future__ import annotations
@@ -19,11 +20,11 @@ def _under_a_file(path: Path) -> Path | None:
     return None
 
 
-def file_problem(path: str | os.PathLike, flag: str) -> str | None:
-    """What stops writing the file `path` (given by the option `flag`), or None."""
+def file_problem(path: str | os.PathLike, flag: str, example: str = "report.json") -> str | None:
+    """What stops writing the file `path` (given by the option `flag`; `example`: a name to suggest), or None."""
     path = Path(path)
     if path.is_dir():
-        return f"{flag} {path} is a folder; give the file to write, e.g. {path / 'report.json'}"
+        return f"{flag} {path} is a folder; give the file to write, e.g. {path / example}"
     blocker = _under_a_file(path)
     if blocker is not None:
         return f"{flag} {path}: {blocker} is a file, so no folder can hold it; give another path"

@@ -227,7 +227,8 @@ def test_the_synthesis_workers_do_not_import_tensorflow():
     assert done.stdout.strip() == "False"
 
 
-def test_an_out_that_is_a_file_or_cannot_be_written_is_one_line_naming_it(tmp_path, capsys):
+def test_an_out_that_is_a_file_or_cannot_be_written_is_one_line_naming_it(tmp_path, capsys, monkeypatch):
+    from myxtts.data import demo_corpus
     from utilities import make_demo_corpus as tool
 
     a_file = tmp_path / "corpus.txt"
@@ -236,7 +237,15 @@ def test_an_out_that_is_a_file_or_cannot_be_written_is_one_line_naming_it(tmp_pa
     err = capsys.readouterr().err
     assert f"{a_file} is a file, not a folder" in err and "Traceback" not in err, err
 
-    inside_a_file = a_file / "corpus"  # its folder cannot be made: the OSError, named, root or not
+    inside_a_file = a_file / "corpus"  # was a NotADirectoryError traceback
     assert tool.main(["--out", str(inside_a_file), "--num-utterances", "2", "--quiet"]) == 2
     err = capsys.readouterr().err
-    assert f"cannot write the corpus to {inside_a_file}" in err and "Traceback" not in err, err
+    assert f"{a_file} is a file, so the folder cannot be made" in err and "Traceback" not in err, err
+
+    def refused(out_dir, *args):  # a folder it may not write to (root may write anywhere: raised here)
+        raise PermissionError(13, "Permission denied", str(out_dir / "wavs"))
+
+    monkeypatch.setattr(demo_corpus, "_build", refused)
+    assert tool.main(["--out", str(tmp_path / "locked"), "--num-utterances", "2", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert f"cannot write the corpus to {tmp_path / 'locked'}: Permission denied ({tmp_path / 'locked' / 'wavs'})" in err, err

@@ -203,7 +203,7 @@ def test_synthesize_cli_refuses_an_out_that_is_a_folder_before_speaking(tmp_path
         synthesize.main(["--checkpoint", str(tmp_path / "no_run"), "--text", "Hello.", "--reference", "a.wav",
                          "--out", str(tmp_path)])
     assert exited.value.code == 2
-    assert f"--out {tmp_path} is a folder; give the WAV file to write, e.g. {tmp_path / 'out.wav'}" in capsys.readouterr().err
+    assert f"--out {tmp_path} is a folder; give the file to write, e.g. {tmp_path / 'out.wav'}" in capsys.readouterr().err
 
 
 def test_a_damaged_reference_clip_is_named_with_what_is_wrong_with_it(hello_synthesizer, tmp_path):

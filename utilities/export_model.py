@@ -29,11 +29,6 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from myxtts.output_paths import folder_problem
-
-    if problem := folder_problem(args.out, "--out"):  # as export_folder's refusals: one line, exit 2
-        print(f"error: {problem}", file=sys.stderr)
-        return 2
     from myxtts.startup_noise import quiet_tensorflow
 
     quiet_tensorflow()

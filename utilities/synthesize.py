@@ -53,10 +53,12 @@ def main(argv=None) -> int:
         p.error(f"--fit-steps must be at least 1, got {args.fit_steps}")
     if args.fit_head is not None and (not args.reference_text or args.fit_head <= 0):
         p.error("--fit-head needs --reference-text (the words of each clip) and a RIDGE above 0")
-    if Path(args.out).is_dir():  # found now, not after the model has spoken
-        p.error(f"--out {args.out} is a folder; give the WAV file to write, e.g. {Path(args.out) / 'out.wav'}")
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from myxtts.output_paths import file_problem
+
+    if problem := file_problem(args.out, "--out", "out.wav"):
+        p.error(problem)  # now, not after the model has spoken
     from myxtts.startup_noise import quiet_tensorflow
 
     quiet_tensorflow()

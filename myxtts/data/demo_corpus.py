@@ -54,6 +54,7 @@ from myxtts.data.phoneme_timing import DEFAULT_HOP_LENGTH, TIMING_SUFFIX, Phonem
 from myxtts.data.phonemes import check_language, phonemize
 from myxtts.data.sentences import SentenceGenerator
 from myxtts.hardware.host import usable_cores
+from myxtts.output_paths import folder_problem
 from myxtts.progress import ProgressLine
 
 SAMPLE_RATE = espeak.SAMPLE_RATE
@@ -331,8 +332,8 @@ def make_demo_corpus(
     if timing_hop_length <= 0:
         raise ValueError(f"timing_hop_length must be positive, got {timing_hop_length}")
     out_dir = Path(out_dir)
-    if out_dir.exists() and not out_dir.is_dir():
-        raise ValueError(f"{out_dir} is a file, not a folder: give a folder for the corpus (it is made if missing)")
+    if problem := folder_problem(out_dir, "the corpus folder"):
+        raise ValueError(problem)
     expected_stamp = {
         "format_version": FORMAT_VERSION,
         "num_utterances": num_utterances,

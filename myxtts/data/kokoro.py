@@ -43,6 +43,7 @@ from myxtts.data.demo_corpus import MAX_DURATION_S, MAX_SENTENCE_ATTEMPTS, MIN_D
 from myxtts.data.manifest import MANIFEST_JSONL, Utterance, write_jsonl
 from myxtts.data.phonemes import phonemize
 from myxtts.data.sentences import SentenceGenerator
+from myxtts.output_paths import folder_problem
 from myxtts.progress import ProgressLine
 
 MODEL_RATE = 24_000  # Kokoro's output; written at the demo corpus's SAMPLE_RATE, in its duration window
@@ -198,8 +199,8 @@ def make_kokoro_corpus(out_dir: str | os.PathLike, num_utterances: int, voices: 
              "sample_rate": SAMPLE_RATE, "model_sha256": MODEL_SHA256}
     if _is_complete(out_dir, stamp):
         return out_dir
-    if out_dir.exists() and not out_dir.is_dir():
-        raise FileExistsError(f"{out_dir} is a file, not a folder: give a folder for the corpus (it is made if missing)")
+    if problem := folder_problem(out_dir, "the corpus folder"):
+        raise FileExistsError(problem)
     if out_dir.exists() and any(out_dir.iterdir()):
         raise FileExistsError(f"{out_dir} exists and is not a Kokoro corpus of these arguments: give another --out "
                               "or remove it")
