@@ -386,6 +386,9 @@ def test_an_output_folder_that_would_overwrite_the_input_or_the_users_files_is_r
     own_audio = tmp_path / "own_audio"
     (own_audio / "audio").mkdir(parents=True)
     (own_audio / "audio" / "a.wav").write_bytes(b"mine")
+    a_file = tmp_path / "notes.txt"
+    a_file.write_text("mine")
+
     def every_file():
         return {str(p): (p.read_bytes(), p.stat().st_mtime_ns) for p in sorted(tmp_path.rglob("*")) if p.is_file()}
 
@@ -395,7 +398,9 @@ def test_an_output_folder_that_would_overwrite_the_input_or_the_users_files_is_r
                                  (corpus / "manifest.jsonl", corpus, "the input's own folder"),
                                  (ljspeech, ljspeech, "the input's own folder"),
                                  (corpus, own, "which no earlier preparation wrote"),
-                                 (corpus, own_audio, "which no earlier preparation wrote")):
+                                 (corpus, own_audio, "which no earlier preparation wrote"),
+                                 (corpus, a_file, "is a file, not a folder"),
+                                 (corpus, a_file / "prepared", "is a file, so the folder cannot be made")):
         with pytest.raises(ValueError, match=message):
             prepare_dataset(source, out, workers=1, progress=False)
         assert cli.main(["--input", str(source), "--output", str(out), "--workers", "1", "--quiet"]) == 2

@@ -55,6 +55,7 @@ from myxtts.data.wav_header import (
     read_wav_header,
 )
 from myxtts.hardware.host import usable_cores
+from myxtts.output_paths import folder_problem
 from myxtts.progress import ProgressLine
 
 # Reason code for a row whose text gives no phonemes in the chosen language.
@@ -375,9 +376,9 @@ def check_output_folder(source: str | os.PathLike, out_dir: str | os.PathLike) -
             f"--output {out_dir} is the input's own folder (it holds {manifest_path}): preparing writes "
             f"{MANIFEST_JSONL}, {REJECTED_TSV} and audio/ there and would replace the input's files. Nothing "
             f"was written; choose a new folder, e.g. --output {out}_prepared")
+    if problem := folder_problem(out_dir, "--output"):  # a file, or under one
+        raise OutputFolderError(problem)
     if not os.path.isdir(out):
-        if os.path.exists(out):
-            raise OutputFolderError(f"--output {out_dir} is a file, not a folder; choose a new folder")
         return
     rejected = os.path.join(out, REJECTED_TSV)
     for name in (MANIFEST_JSONL, REJECTED_TSV, "audio"):
