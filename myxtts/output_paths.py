@@ -40,3 +40,9 @@ def folder_problem(path: str | os.PathLike, flag: str) -> str | None:
     if blocker is not None:
         return f"{flag} {path}: {blocker} is a file, so the folder cannot be made; give another path"
     return None
+
+
+def write_failure(error: OSError, path: str | os.PathLike, what: str) -> str:
+    """One line for an OSError met while writing `what` to `path` (a folder it may not write to, a full
+    disk): the system's reason and the file it names."""
+    return f"cannot write {what} to {path}: {error.strerror or error} ({error.filename or path})"

@@ -109,6 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     if repository_root not in sys.path:
         sys.path.insert(0, repository_root)
     arguments = parse_arguments(argv)
+    from myxtts import output_paths
     from myxtts.data.demo_corpus import make_demo_corpus, total_audio_seconds
 
     start = time.monotonic()
@@ -122,8 +123,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 2
     except OSError as error:  # a folder it may not write to, a full disk
-        print(f"error: cannot write the corpus to {arguments.out}: {error.strerror or error} ({error.filename or arguments.out})",
-              file=sys.stderr)
+        print(f"error: {output_paths.write_failure(error, arguments.out, 'the corpus')}", file=sys.stderr)
         return 2
     elapsed = time.monotonic() - start
     total_seconds = total_audio_seconds(corpus_dir)

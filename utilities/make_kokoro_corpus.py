@@ -47,6 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     if not voices:
         parser.error("--voices names no voice")
 
+    from myxtts import output_paths
     from myxtts.data import kokoro
     from myxtts.hardware.probe import default_cache_dir
 
@@ -61,8 +62,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 2
     except OSError as error:  # a folder it may not write to, a full disk
-        print(f"error: cannot write the corpus to {arguments.out}: {error.strerror or error} ({error.filename or arguments.out})",
-              file=sys.stderr)
+        print(f"error: {output_paths.write_failure(error, arguments.out, 'the corpus')}", file=sys.stderr)
         return 2
     except ImportError as error:  # onnxruntime or soxr
         print(f"error: {error}: {kokoro.INSTALL_HINT}", file=sys.stderr)
