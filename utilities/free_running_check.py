@@ -155,26 +155,27 @@ def main(argv=None) -> int:
         voice_scorer = None if reason else IntelligibilityScorer(
             [u.text for u in train_rows] + voices.sentences.texts, config.data.language,
             workers=default_workers(len(voices.speakers)))
+
+        def shown(label, measured) -> dict:  # printed, and what the JSON report keeps of every route
+            print(f"{label}: {measured.summary()}")
+            print("  per voice: " + ", ".join(f"{voice} {value:.3f}" for voice, value in sorted(measured.per_voice.items())))
+            return {"similarity": measured.similarity, "identified": measured.identified, "per_voice": measured.per_voice,
+                    "wer": measured.wer, "dnsmos": measured.dnsmos}
+
         measured = voices.measure(network, scorer=voice_scorer, quality=args.quality)
-        print(f"voices: {measured.summary()}")
-        print("  per voice: " + ", ".join(f"{voice} {value:.3f}" for voice, value in sorted(measured.per_voice.items())))
         report["unseen_voices"] = {"corpus": unseen, "voices": measured.voices, "sentences": measured.total,
                                    "reference_clips": args.reference_clips,
-                                   "similarity": measured.similarity, "identified": measured.identified,
                                    "recordings_similarity": measured.ceiling_similarity,
                                    "recordings_identified": measured.ceiling_identified, "heard": list(measured.heard),
-                                   "per_voice": measured.per_voice, "wer": measured.wer, "dnsmos": measured.dnsmos}
+                                   **shown("voices", measured)}
         routes = [("fitted", None, "voices fitted to their references' words")] if args.fit_voice else []
         if args.fit_head is not None:
             routes.append(("fitted_head", args.fit_head, f"... and each with its own mel head (ridge {args.fit_head:g})"))
         for key, ridge, label in routes:
             fitted = voices.measure(network, fit_steps=args.fit_voice, head_ridge=ridge, scorer=voice_scorer,
                                     quality=args.quality)
-            print(f"{label} ({args.fit_voice} updates each, {fitted.seconds:.0f} s): {fitted.summary()}")
-            print("  per voice: " + ", ".join(f"{voice} {value:.3f}" for voice, value in sorted(fitted.per_voice.items())))
-            report["unseen_voices"][key] = {"steps": args.fit_voice, "head_ridge": ridge, "similarity": fitted.similarity,
-                                            "identified": fitted.identified, "per_voice": fitted.per_voice,
-                                            "wer": fitted.wer, "dnsmos": fitted.dnsmos}
+            report["unseen_voices"][key] = {"steps": args.fit_voice, "head_ridge": ridge,
+                                            **shown(f"{label} ({args.fit_voice} updates each, {fitted.seconds:.0f} s)", fitted)}
     if args.quality:
         report["quality"] = measure_quality(sentences, mels, rows, config.data)
     if args.json:
