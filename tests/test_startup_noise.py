@@ -93,3 +93,21 @@ def test_the_tools_set_gpu_memory_growth_before_the_runtime_starts(monkeypatch):
     startup_noise.quiet_tensorflow()
     assert calls == ["growth", "first op"]
 
+
+
+@pytest.mark.parametrize("tool", ["diagnose_gpu_bottleneck.py", "capacity_plan.py"])
+def test_the_gpu_planning_tools_start_quietly_and_say_why_a_corpus_fills_no_batch(tool, demo_corpus, tmp_path):
+    """The diagnosis and the capacity plan on a corpus too small for the batch: TensorFlow's start-up
+    lines were printed first (its C++ logger ignores TF_CPP_MIN_LOG_LEVEL until it starts), and the
+    diagnosis ended in a StopIteration traceback; now one line says what to change, as training does."""
+    env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+    done = subprocess.run([sys.executable, f"utilities/{tool}", "--config", "configs/demo.yaml", "--train-data",
+                           str(demo_corpus), "--batch-size", "64", "--set", "training.precision=fp32"],
+                          capture_output=True, text=True, cwd=ROOT, timeout=300,
+                          env={**env, "PYTHONPATH": str(ROOT), "MYXTTS_CACHE_DIR": str(tmp_path / "cache")})
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr, done.stderr[-3000:]
+    for noise in ("cuInit", "cudart_stub", "absl::InitializeLog", "oneDNN custom operations are on"):
+        assert noise not in done.stderr, done.stderr
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: the ") and "do not fill one batch of 64" in last and "lower data.batch_size" in last, last

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -43,14 +42,15 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     arguments = parse_arguments(argv)
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before TensorFlow is imported
+    from myxtts.startup_noise import quiet_tensorflow
+
+    # TensorFlow started without its C++ start-up lines, which read as errors on a CPU (startup_noise.py).
+    facts = quiet_tensorflow()
     from myxtts.config import ConfigError, load_config
     from myxtts.data.manifest import ManifestError
     from myxtts.diagnostics.capacity import capacity_plans, capacity_table, host_calibration
-    from myxtts.hardware.detect import detect_machine
     from myxtts.hardware.devices import device_by_key, device_for_gpu_name
 
-    facts = detect_machine()
     try:
         names = [key for name in arguments.gpu for key in ([d.key for d in DEVICES] if name == "all" else [name])]
         devices = [device_by_key(name) for name in names]

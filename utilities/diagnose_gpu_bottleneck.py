@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -89,16 +88,18 @@ def _no_gpu_note(facts) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     arguments = parse_arguments(argv)
-    # Quiets TensorFlow's C++ start-up lines so progress stays readable; set before TF is imported.
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    from myxtts.startup_noise import quiet_tensorflow
+
+    quiet_tensorflow()  # TensorFlow's C++ start-up lines, which read as errors on a CPU (startup_noise.py)
     from myxtts.config import ConfigError, load_config
     from myxtts.data.manifest import ManifestError
+    from myxtts.data.pipeline import NoFullBatch
 
     overrides = run_overrides(arguments)
     try:
         config = load_config(arguments.config, overrides=overrides)
         report = run(config, arguments, overrides)
-    except (ConfigError, ManifestError, FileNotFoundError) as error:
+    except (ConfigError, ManifestError, FileNotFoundError, NoFullBatch) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
 

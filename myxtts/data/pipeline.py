@@ -215,7 +215,7 @@ class Epochs:
         keys = self._clip_table().keys
         count = int(np.sum(np.bincount(keys[keys >= 0]) // self.batch_size))
         if count == 0:
-            raise ValueError(f"the {len(self.utterances)} training clips do not fill one batch of {self.batch_size}")
+            raise NoFullBatch(len(self.utterances), self.data, self.batch_size)
         return count
 
     def clip_lengths(self) -> tuple[list[int], list[int]]:
@@ -435,6 +435,16 @@ def check_dispatcher(address: str, timeout_s: float = 10.0) -> None:
                          f"with `python utilities/data_service.py dispatcher --bind {host} --port {port}` on {host} (it "
                          f"listens only on its --bind address) and workers beside it, or set "
                          f"data.service_address to \"\" to compute the features on this host") from None
+
+
+class NoFullBatch(ValueError):
+    """The training clips fill no batch: training, and anything that times it, has nothing to run."""
+
+    def __init__(self, clips: int, d: DataConfig, batch_size: int | None = None):
+        super().__init__(
+            f"the {clips} training clips do not fill one batch of {batch_size or d.batch_size}: clips outside "
+            f"data.min_duration_s / data.max_duration_s ({d.min_duration_s}-{d.max_duration_s} s) are dropped, and with "
+            "data.bucketing each length bucket fills its own batches; lower data.batch_size (--batch-size) or add data")
 
 
 def first_batch(config: Config, rows: list[Utterance], vocabulary: Vocabulary) -> dict | None:

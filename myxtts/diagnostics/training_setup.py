@@ -21,7 +21,7 @@ import tensorflow as tf
 from myxtts.compat import traced_for_spec
 from myxtts.config import Config
 from myxtts.data.manifest import Utterance
-from myxtts.data.pipeline import build_dataset
+from myxtts.data.pipeline import NoFullBatch, build_dataset, first_batch
 from myxtts.data.text import Vocabulary
 from myxtts.diagnostics.alignment_timing import AlignmentLoopsTimer
 from myxtts.diagnostics.timing import CompiledStep
@@ -45,6 +45,8 @@ def prepare_run(config: Config, echo=print) -> PreparedRun:
     config, policy, _ = run_setup.resolve_plan(config, echo)
     run = run_setup.prepare_run(config, None, echo=echo)
     rows, vocabulary = run.text.train_rows, run.vocabulary
+    if first_batch(config, rows, vocabulary) is None:  # nothing to time: say why, as training does
+        raise NoFullBatch(len(rows), config.data)
     dataset = build_dataset(config, rows, training=True, vocabulary=vocabulary)
     return PreparedRun(config=config, policy=policy, rows=rows, vocabulary=vocabulary, dataset=dataset)
 

@@ -28,7 +28,7 @@ import yaml
 from myxtts import config as config_lib
 from myxtts.config import Config
 from myxtts.data.phonemes import check_language
-from myxtts.data.pipeline import Epochs, build_dataset, copies_to_gpu, first_batch, to_device
+from myxtts.data.pipeline import Epochs, NoFullBatch, build_dataset, copies_to_gpu, first_batch, to_device
 from myxtts.models.xtts import network_for
 from myxtts.output_paths import folder_problem
 from myxtts.training.callbacks import (CheckpointSaver, NonFiniteGuard, ProgressLogger, SpeechCheck, StopAtStep,
@@ -162,10 +162,7 @@ def _fit(config: Config, policy: str, strategy, workdir: Path, text: RunText, so
     accumulation = max(t.gradient_accumulation_steps, 1)
     sample = first_batch(config, text.train_rows, text.vocabulary)
     if sample is None:
-        raise ValueError(
-            f"the {len(text.train_rows)} training clips do not fill one batch of {d.batch_size}: clips outside "
-            f"data.min_duration_s / data.max_duration_s ({d.min_duration_s}-{d.max_duration_s} s) are dropped, and with "
-            "data.bucketing each length bucket fills its own batches; lower data.batch_size (--batch-size) or add data")
+        raise NoFullBatch(len(text.train_rows), d)
     model = build_training_model(config, len(text.vocabulary), policy, sample, strategy,
                                  silent_token=text.vocabulary.word_boundary_id)
     replicas = distribute.replicas(strategy)
