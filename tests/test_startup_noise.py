@@ -111,3 +111,16 @@ def test_the_gpu_planning_tools_start_quietly_and_say_why_a_corpus_fills_no_batc
         assert noise not in done.stderr, done.stderr
     last = done.stderr.strip().splitlines()[-1]
     assert last.startswith("error: the ") and "do not fill one batch of 64" in last and "lower data.batch_size" in last, last
+
+
+def test_a_data_service_server_starts_quietly():
+    """A feature worker is often a machine without a GPU: its start printed TensorFlow's start-up lines,
+    cuInit's failure among them. Here a dispatcher that cannot bind (TEST-NET-1 is no address of this
+    machine) shows only gRPC's line and ours."""
+    env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+    done = subprocess.run([sys.executable, "utilities/data_service.py", "dispatcher", "--bind", "192.0.2.1", "--port", "0"],
+                          capture_output=True, text=True, cwd=ROOT, timeout=120, env={**env, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 2, done.stderr
+    for noise in ("cuInit", "cudart_stub", "absl::InitializeLog", "oneDNN custom operations are on", "cpu_feature_guard"):
+        assert noise not in done.stderr, done.stderr
+    assert done.stderr.strip().splitlines()[-1].startswith("error: the dispatcher did not start on 192.0.2.1"), done.stderr

@@ -103,7 +103,12 @@ def main(argv=None) -> int:
                              f"--bind address; with --bind 0.0.0.0, this machine's name, {socket.gethostname()})")
     args = p.parse_args(argv)
 
-    import tensorflow as tf  # after parsing: --help needs no TensorFlow start-up
+    # After parsing: --help needs no TensorFlow start-up. Started without its C++ start-up lines, which
+    # read as errors on a machine without a GPU, as a feature worker often is (startup_noise.py).
+    from myxtts.startup_noise import quiet_tensorflow
+
+    quiet_tensorflow()
+    import tensorflow as tf
 
     from myxtts.data.service_listen import BindError, check_listening, is_wildcard, listening_on
 
