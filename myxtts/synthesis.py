@@ -21,7 +21,7 @@ from pathlib import Path
 import tensorflow as tf
 
 from myxtts.config import Config, load_run_config
-from myxtts.data.audio import data_problem
+from myxtts.data.audio import data_problem, load_wav
 from myxtts.data.phonemes import model_text
 from myxtts.data.pipeline import reference_log_mel
 from myxtts.data.text import UNK_ID, Vocabulary, symbols, tokenize
@@ -31,6 +31,25 @@ from myxtts.models import voice_fit
 from myxtts.models.inference import generate
 from myxtts.models.vocoder import Vocoder, is_vocoder_folder, load_vocoder, waveform_maker
 from myxtts.models.xtts import XTTS, network_for
+
+
+# A reference clip shorter than this, or whose loudest sample is below SILENT_PEAK (-60 dBFS), carries
+# no voice: the model would still speak, in whatever voice its encoder makes of silence or a click,
+# and say nothing of it. Training's references are 3 s (data.reference_duration_s).
+MIN_REFERENCE_S, SILENT_PEAK = 0.5, 1e-3
+
+
+def reference_problem(path) -> str | None:
+    """Why the WAV at `path` (readable) cannot lend its voice: too short or silent; None when it can."""
+    samples, rate = load_wav(str(path))
+    seconds = int(samples.shape[0]) / int(rate)
+    if seconds < MIN_REFERENCE_S:
+        return f"{path} holds {seconds:.2f} s of audio; a voice needs at least {MIN_REFERENCE_S:g} s (3 s or more clones best)"
+    peak = float(tf.reduce_max(tf.abs(samples))) if seconds else 0.0
+    if peak < SILENT_PEAK:
+        level = f"its loudest sample at {20 * math.log10(peak):.0f} dBFS" if peak > 0 else "every sample zero"
+        return f"{path} is silent ({level}); give a clip of the voice speaking"
+    return None
 
 
 class UnknownSymbols(ValueError):
@@ -102,6 +121,8 @@ class Synthesizer:
                 raise ValueError(f"cannot use as a reference voice: {problem}" if problem else
                                  f"{path}: cannot use as a reference voice (16-bit PCM WAV expected; convert it with "
                                  f"utilities/prepare_dataset.py): {error.message.strip().splitlines()[-1]}") from None
+            if problem := reference_problem(path):
+                raise ValueError(f"cannot use as a reference voice: {problem}")
         return tf.stack([m for m, _ in clips]), tf.stack([n for _, n in clips])
 
     def tokens(self, text: str, drop_unknown: bool = False) -> tuple[tf.Tensor, list[str]]:

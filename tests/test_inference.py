@@ -218,6 +218,33 @@ def test_a_damaged_reference_clip_is_named_with_what_is_wrong_with_it(hello_synt
     assert "Graph execution error" not in message, message
 
 
+def test_a_silent_or_too_short_reference_clip_is_refused_naming_it(hello_synthesizer, tmp_path, monkeypatch, capsys):
+    """Both used to speak without a word of warning, in whatever voice the encoder makes of silence or a click."""
+    import soundfile
+
+    from myxtts.synthesis import Synthesizer
+    from utilities import synthesize
+
+    synthesizer, voice = hello_synthesizer
+    clips = {"silent": np.zeros(22050), "hiss": 5e-4 * np.sin(np.arange(22050) * 0.05),  # -66 dBFS
+             "click": 0.3 * np.sin(np.arange(441) * 0.05)}  # 0.02 s
+    for name, samples in clips.items():
+        soundfile.write(tmp_path / f"{name}.wav", samples, 22050, subtype="PCM_16")
+    for name, expected in (("silent", "is silent (every sample zero)"), ("hiss", "is silent (its loudest sample at -66 dBFS)"),
+                           ("click", "holds 0.02 s of audio; a voice needs at least 0.5 s")):
+        with pytest.raises(ValueError) as raised:
+            synthesizer.reference([str(voice), str(tmp_path / f"{name}.wav")])  # any one of several clips
+        assert str(raised.value) == f"cannot use as a reference voice: {tmp_path / name}.wav {expected}" + (
+            "; give a clip of the voice speaking" if "silent" in expected else " (3 s or more clones best)")
+    mel, length = synthesizer.reference([str(voice)])  # a clip that speaks (a tone here) still lends its voice
+    assert mel.shape[0] == 1 and int(length[0]) > 0
+
+    monkeypatch.setattr(Synthesizer, "from_run", classmethod(lambda cls, run_dir, checkpoint=None, vocoder=None: synthesizer))
+    assert synthesize.main(["--checkpoint", str(tmp_path), "--text", "Hello.", "--reference", str(tmp_path / "silent.wav"),
+                            "--out", str(tmp_path / "out.wav")]) == 2
+    assert f"{tmp_path / 'silent.wav'} is silent" in capsys.readouterr().err and not (tmp_path / "out.wav").exists()
+
+
 def test_a_fitted_voice_speaks_its_clips_closer_and_leaves_the_network_alone(model, prompt):
     from myxtts.models.voice_fit import fit_voice
 
