@@ -39,16 +39,18 @@ from myxtts.models.xtts import XTTS, network_for
 MIN_REFERENCE_S, SILENT_PEAK = 0.5, 1e-3
 
 
-def reference_problem(path) -> str | None:
-    """Why the WAV at `path` (readable) cannot lend its voice: too short or silent; None when it can."""
-    samples, rate = load_wav(str(path))
+def reference_problem(path, middle_seconds: float) -> str | None:
+    """Why the WAV at `path` (readable) cannot lend its voice: too short, or silent in the middle
+    `middle_seconds`, which is what the voice is read from (`reference_log_mel`); None when it can."""
+    samples, rate = load_wav(str(path), middle_seconds=middle_seconds)
     seconds = int(samples.shape[0]) / int(rate)
     if seconds < MIN_REFERENCE_S:
         return f"{path} holds {seconds:.2f} s of audio; a voice needs at least {MIN_REFERENCE_S:g} s (3 s or more clones best)"
-    peak = float(tf.reduce_max(tf.abs(samples))) if seconds else 0.0
+    peak = float(tf.reduce_max(tf.abs(samples)))
     if peak < SILENT_PEAK:
         level = f"its loudest sample at {20 * math.log10(peak):.0f} dBFS" if peak > 0 else "every sample zero"
-        return f"{path} is silent ({level}); give a clip of the voice speaking"
+        return (f"{path} is silent where its voice is read (at most its middle {middle_seconds:g} s: {level}); "
+                f"give a clip of the voice speaking")
     return None
 
 
@@ -121,7 +123,7 @@ class Synthesizer:
                 raise ValueError(f"cannot use as a reference voice: {problem}" if problem else
                                  f"{path}: cannot use as a reference voice (16-bit PCM WAV expected; convert it with "
                                  f"utilities/prepare_dataset.py): {error.message.strip().splitlines()[-1]}") from None
-            if problem := reference_problem(path):
+            if problem := reference_problem(path, self.config.data.reference_duration_s):
                 raise ValueError(f"cannot use as a reference voice: {problem}")
         return tf.stack([m for m, _ in clips]), tf.stack([n for _, n in clips])
 

@@ -230,7 +230,8 @@ def test_a_silent_or_too_short_reference_clip_is_refused_naming_it(hello_synthes
              "click": 0.3 * np.sin(np.arange(441) * 0.05)}  # 0.02 s
     for name, samples in clips.items():
         soundfile.write(tmp_path / f"{name}.wav", samples, 22050, subtype="PCM_16")
-    for name, expected in (("silent", "is silent (every sample zero)"), ("hiss", "is silent (its loudest sample at -66 dBFS)"),
+    silent = "is silent where its voice is read (at most its middle 3 s: "
+    for name, expected in (("silent", silent + "every sample zero)"), ("hiss", silent + "its loudest sample at -66 dBFS)"),
                            ("click", "holds 0.02 s of audio; a voice needs at least 0.5 s")):
         with pytest.raises(ValueError) as raised:
             synthesizer.reference([str(voice), str(tmp_path / f"{name}.wav")])  # any one of several clips
@@ -238,6 +239,10 @@ def test_a_silent_or_too_short_reference_clip_is_refused_naming_it(hello_synthes
             "; give a clip of the voice speaking" if "silent" in expected else " (3 s or more clones best)")
     mel, length = synthesizer.reference([str(voice)])  # a clip that speaks (a tone here) still lends its voice
     assert mel.shape[0] == 1 and int(length[0]) > 0
+    quiet_middle = np.concatenate([0.3 * np.sin(np.arange(22050) * 0.05), np.zeros(5 * 22050), 0.3 * np.sin(np.arange(22050) * 0.05)])
+    soundfile.write(tmp_path / "gap.wav", quiet_middle, 22050, subtype="PCM_16")  # speaks only outside the middle 3 s
+    with pytest.raises(ValueError, match="gap.wav is silent where its voice is read"):
+        synthesizer.reference([str(tmp_path / "gap.wav")])
 
     monkeypatch.setattr(Synthesizer, "from_run", classmethod(lambda cls, run_dir, checkpoint=None, vocoder=None: synthesizer))
     assert synthesize.main(["--checkpoint", str(tmp_path), "--text", "Hello.", "--reference", str(tmp_path / "silent.wav"),
