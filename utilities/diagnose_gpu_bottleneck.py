@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     arguments = parse_arguments(argv)
     from myxtts.startup_noise import quiet_tensorflow
 
-    quiet_tensorflow()  # TensorFlow's C++ start-up lines, which read as errors on a CPU (startup_noise.py)
+    facts = quiet_tensorflow()  # TensorFlow's C++ start-up lines, which read as errors on a CPU (startup_noise.py)
     from myxtts.config import ConfigError, load_config
     from myxtts.data.manifest import ManifestError
     from myxtts.data.pipeline import NoFullBatch
@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     overrides = run_overrides(arguments)
     try:
         config = load_config(arguments.config, overrides=overrides)
-        report = run(config, arguments, overrides)
+        report = run(config, arguments, overrides, facts)
     except (ConfigError, ManifestError, FileNotFoundError, NoFullBatch) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
@@ -131,8 +131,9 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def run(config, arguments: argparse.Namespace, overrides: list[str]) -> dict:
-    """Build the real pipeline and step from the config, then diagnose them."""
+def run(config, arguments: argparse.Namespace, overrides: list[str], facts) -> dict:
+    """Build the real pipeline and step from the config, then diagnose them (`facts`: the machine's,
+    `hardware.detect.detect_machine`)."""
     import tensorflow as tf
 
     from myxtts.data.pipeline import build_dataset
@@ -140,11 +141,9 @@ def run(config, arguments: argparse.Namespace, overrides: list[str]) -> dict:
     from myxtts.diagnostics.gpu_sampler import UtilizationSampler
     from myxtts.diagnostics.static_checks import static_checks
     from myxtts.diagnostics.training_setup import build_training_setup, prepare_run, read_all_metrics
-    from myxtts.hardware.detect import detect_machine
     from myxtts.hardware.gpu_memory import TensorFlowPeakMemory
     from myxtts.hardware.plan import plan_for_machine
 
-    facts = detect_machine()
     plan_facts = facts
     if arguments.simulate_gpu:
         # The pipeline gets the cores the plan would give it beside that GPU (all but one), not the
@@ -205,8 +204,7 @@ def run(config, arguments: argparse.Namespace, overrides: list[str]) -> dict:
 
     _progress(f"building the {config.model.size} model and its train step "
               f"(XLA {'on' if config.training.enable_xla_compilation else 'off'}, policy {prepared.policy})")
-    sample = next(iter(prepared.dataset.take(1)))  # as train() builds its variables
-    setup = build_training_setup(config, len(prepared.vocabulary), prepared.policy, sample,
+    setup = build_training_setup(config, len(prepared.vocabulary), prepared.policy, prepared.sample,
                                  silent_token=prepared.vocabulary.word_boundary_id,
                                  batch_spec=prepared.dataset.element_spec)
 

@@ -447,13 +447,16 @@ class NoFullBatch(ValueError):
             "data.bucketing each length bucket fills its own batches; lower data.batch_size (--batch-size) or add data")
 
 
-def first_batch(config: Config, rows: list[Utterance], vocabulary: Vocabulary) -> dict | None:
-    """A training-shaped batch of the first clips, to build a model's variables from; None when the
-    clips fill no batch. Decodes only what one batch needs: no cache, no shuffle."""
+def first_batch(config: Config, rows: list[Utterance], vocabulary: Vocabulary) -> dict:
+    """A training-shaped batch of the first clips, to build a model's variables from; `NoFullBatch`
+    when the clips fill no batch. Decodes only what one batch needs: no cache, no shuffle."""
     c = dataclasses.replace(config.data, cache_features=False)
     epochs = Epochs(dataclasses.replace(config, data=c), rows, training=False, vocabulary=vocabulary)
     ds = epochs.in_order()
-    return next(iter(batch_by_bucket(ds, c, epochs.batch_size, drop_remainder=True).take(1)), None)
+    batch = next(iter(batch_by_bucket(ds, c, epochs.batch_size, drop_remainder=True).take(1)), None)
+    if batch is None:
+        raise NoFullBatch(len(rows), config.data)
+    return batch
 
 
 def build_vocabulary(utterances: list[Utterance], c: DataConfig) -> Vocabulary:

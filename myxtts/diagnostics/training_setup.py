@@ -21,7 +21,7 @@ import tensorflow as tf
 from myxtts.compat import traced_for_spec
 from myxtts.config import Config
 from myxtts.data.manifest import Utterance
-from myxtts.data.pipeline import NoFullBatch, build_dataset, first_batch
+from myxtts.data.pipeline import build_dataset, first_batch
 from myxtts.data.text import Vocabulary
 from myxtts.diagnostics.alignment_timing import AlignmentLoopsTimer
 from myxtts.diagnostics.timing import CompiledStep
@@ -37,6 +37,7 @@ class PreparedRun:
     rows: list[Utterance]  # the training split
     vocabulary: Vocabulary
     dataset: tf.data.Dataset  # training batches, one pass (the callers repeat it)
+    sample: dict  # a batch of the first clips, as train() builds its variables from (`first_batch`)
 
 
 def prepare_run(config: Config, echo=print) -> PreparedRun:
@@ -45,10 +46,9 @@ def prepare_run(config: Config, echo=print) -> PreparedRun:
     config, policy, _ = run_setup.resolve_plan(config, echo)
     run = run_setup.prepare_run(config, None, echo=echo)
     rows, vocabulary = run.text.train_rows, run.vocabulary
-    if first_batch(config, rows, vocabulary) is None:  # nothing to time: say why, as training does
-        raise NoFullBatch(len(rows), config.data)
+    sample = first_batch(config, rows, vocabulary)  # NoFullBatch, as training says it, when there is nothing to time
     dataset = build_dataset(config, rows, training=True, vocabulary=vocabulary)
-    return PreparedRun(config=config, policy=policy, rows=rows, vocabulary=vocabulary, dataset=dataset)
+    return PreparedRun(config=config, policy=policy, rows=rows, vocabulary=vocabulary, dataset=dataset, sample=sample)
 
 
 @dataclass

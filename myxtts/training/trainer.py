@@ -28,7 +28,7 @@ import yaml
 from myxtts import config as config_lib
 from myxtts.config import Config
 from myxtts.data.phonemes import check_language
-from myxtts.data.pipeline import Epochs, NoFullBatch, build_dataset, copies_to_gpu, first_batch, to_device
+from myxtts.data.pipeline import Epochs, build_dataset, copies_to_gpu, first_batch, to_device
 from myxtts.models.xtts import network_for
 from myxtts.output_paths import folder_problem
 from myxtts.training.callbacks import (CheckpointSaver, NonFiniteGuard, ProgressLogger, SpeechCheck, StopAtStep,
@@ -160,9 +160,7 @@ def _fit(config: Config, policy: str, strategy, workdir: Path, text: RunText, so
     then write to the run folder, build the datasets and fit."""
     t, d = config.training, config.data
     accumulation = max(t.gradient_accumulation_steps, 1)
-    sample = first_batch(config, text.train_rows, text.vocabulary)
-    if sample is None:
-        raise NoFullBatch(len(text.train_rows), d)
+    sample = first_batch(config, text.train_rows, text.vocabulary)  # NoFullBatch when the clips fill none
     model = build_training_model(config, len(text.vocabulary), policy, sample, strategy,
                                  silent_token=text.vocabulary.word_boundary_id)
     replicas = distribute.replicas(strategy)
