@@ -25,6 +25,7 @@ from myxtts.data.audio import data_problem, load_wav
 from myxtts.data.phonemes import model_text
 from myxtts.data.pipeline import reference_log_mel
 from myxtts.data.text import UNK_ID, Vocabulary, symbols, tokenize
+from myxtts.data.wav_header import SILENT_PEAK
 from myxtts.evaluation.speech import trimmed_clip
 from myxtts.models.griffin_lim import write_wav
 from myxtts.models import voice_fit
@@ -36,7 +37,7 @@ from myxtts.models.xtts import XTTS, network_for
 # A reference clip shorter than this, or whose loudest sample is below SILENT_PEAK (-60 dBFS), carries
 # no voice: the model would still speak, in whatever voice its encoder makes of silence or a click,
 # and say nothing of it. Training's references are 3 s (data.reference_duration_s).
-MIN_REFERENCE_S, SILENT_PEAK = 0.5, 1e-3
+MIN_REFERENCE_S = 0.5
 
 
 def reference_problem(path, middle_seconds: float) -> str | None:

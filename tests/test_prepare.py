@@ -412,3 +412,38 @@ def test_an_output_folder_that_would_overwrite_the_input_or_the_users_files_is_r
         assert cli.main(["--input", str(corpus), "--output", str(tmp_path / "prepared"), "--workers", "1", "--quiet"]) == 0
     assert [u.text for u in read_manifest(tmp_path / "prepared")] == ["kept"]
     assert read_rejections(tmp_path / "prepared" / "rejected.tsv")[2][1] == "missing_file"
+
+
+def test_silent_clips_are_rejected_in_place_converted_or_converted_before(tmp_path):
+    """A digitally silent WAV already in the target format was kept (only its header is read), and
+    with its transcript it taught the model to say the words with silence."""
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    frames = RATE * 2
+    speech = tone(2.0, RATE)
+    hiss = np.random.default_rng(0).uniform(-1, 1, frames) * 10 ** (-66 / 20)  # -66 dBFS at its loudest
+    burst = np.zeros(frames, dtype=np.float32)
+    # Sound only between the probe blocks: found by the whole read, not the probes.
+    burst[frames // 14 + 2000: frames // 14 + 2400] = speech[:400]
+    clips = {"speech.wav": speech, "zeros.wav": np.zeros(frames), "hiss.wav": hiss, "burst.wav": burst}
+    for name, samples in clips.items():
+        soundfile.write(corpus / name, samples, RATE, subtype="PCM_16")
+    soundfile.write(corpus / "zeros_44k.flac", np.zeros(44100 * 2), 44100)  # converted, then found silent
+    soundfile.write(corpus / "old.flac", speech, 44100)  # its earlier conversion is silent (see below)
+    names = [*clips, "zeros_44k.flac", "old.flac"]
+    (corpus / "list.jsonl").write_text("".join(json.dumps({"audio_path": n, "text": n}) + "\n" for n in names))
+    out = tmp_path / "out"
+    (out / "audio").mkdir(parents=True)
+    (out / "rejected.tsv").write_text("line\taudio_path\treason\tdetail\n")  # an earlier preparation's folder
+    soundfile.write(out / "audio" / "old.wav", np.zeros(frames), RATE, subtype="PCM_16")  # by a release without the check
+
+    report = prepare_dataset(corpus / "list.jsonl", out, workers=1, progress=False)
+
+    assert sorted(u.text for u in read_manifest(report.manifest_path)) == ["burst.wav", "speech.wav"]
+    rejected = {r.audio_path: (r.reason, r.detail) for r in report.rejections}
+    assert {os.path.basename(path): reason for path, (reason, _) in rejected.items()} == {
+        "zeros.wav": "silent", "hiss.wav": "silent", "zeros_44k.flac": "silent", "old.flac": "silent"}
+    assert rejected[str(corpus / "zeros.wav")][1].startswith("silent (every sample is zero, below -60 dBFS)")
+    assert "its loudest sample is at -66 dBFS" in rejected[str(corpus / "hiss.wav")][1]
+    assert not (out / "audio" / "zeros_44k.wav").exists()  # nothing written for it
+    assert report.rejected_by_reason == {"silent": 4}

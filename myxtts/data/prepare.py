@@ -7,6 +7,8 @@ or stalling mid-epoch:
 
 * every row of the source manifest is checked once; bad rows and bad files are listed in
   `rejected.tsv` with their line number and a reason code instead of stopping the run;
+* a clip whose loudest sample is below -60 dBFS (digital silence, hiss) is rejected as `silent`:
+  with its transcript it would teach the model to say those words with silence;
 * files that already fit (16-bit PCM mono WAV at the target rate) are referenced in place,
   everything else (FLAC, OGG, MP3, 24-bit or float WAV, stereo, other rates) is converted
   with soundfile + soxr into `out_dir/audio/`, and the originals are never touched;
@@ -19,9 +21,11 @@ or stalling mid-epoch:
   so is one whose `manifest.jsonl` or `rejected.tsv` an earlier preparation did not write, because
   writing there would replace the user's own manifest (and the transcripts of the rows it rejects).
 
-Headers are checked in the calling process (well under a millisecond per file); only the files
-that need decoding and resampling go to worker processes, in chunks, so a rerun with nothing
-left to convert takes under 0.1 s per thousand files.
+Headers, and a few blocks of samples for the silence check, are read in the calling process (well
+under a millisecond per file); only the files that need decoding and resampling go to worker
+processes, in chunks, so a rerun with nothing left to convert takes about 0.15 s per thousand
+files (1,029 clips of 1-12 s, 6.1 s on average, on a busy 2-core host: 0.147 s, 0.113 s without the
+silence check).
 """
 
 from __future__ import annotations
@@ -50,9 +54,13 @@ from myxtts.data.wav_header import (
     TOO_SHORT,
     TRUNCATED,
     UNREADABLE_FILE,
+    SILENT,
+    SILENT_PEAK,
     ZERO_LENGTH,
     BadAudioFile,
+    WavHeader,
     read_wav_header,
+    silent_pcm16_peak,
 )
 from myxtts.hardware.host import usable_cores
 from myxtts.output_paths import folder_problem
@@ -110,10 +118,13 @@ def _quick_check(job: _FileJob) -> _FileOutcome | _FileJob:
             _check_frames(header.frames)
             duration_s = header.frames / header.sample_rate
             _check_duration(duration_s, job)
+            _check_sound(silent_pcm16_peak(job.source_path, header))
             return _FileOutcome(job.index, "in_place", job.source_path, duration_s)
-        done_s = _finished_conversion(job, source_stat.st_mtime_ns)
-        if done_s is not None:
+        done = _finished_conversion(job, source_stat.st_mtime_ns)
+        if done is not None:
+            done_s = done.frames / done.sample_rate
             _check_duration(done_s, job)
+            _check_sound(silent_pcm16_peak(job.converted_path, done))  # converted by a release without the check
             return _FileOutcome(job.index, "skipped", job.converted_path, done_s)
         return job._replace(source_is_wav=header is not None)
     except OSError as error:
@@ -150,8 +161,18 @@ def _check_duration(duration_s: float, job: _FileJob) -> None:
         )
 
 
-def _finished_conversion(job: _FileJob, source_mtime_ns: int) -> float | None:
-    """Duration of an earlier run's conversion if it is still valid, else None.
+def _check_sound(silent_peak: float | None) -> None:
+    """Reject a clip whose loudest sample (`silent_peak`, None when it has sound) is below SILENT_PEAK:
+    trained on with its transcript, it teaches the model to say those words with silence."""
+    if silent_peak is None:
+        return
+    level = f"its loudest sample is at {20 * np.log10(silent_peak):.0f} dBFS" if silent_peak > 0 else "every sample is zero"
+    raise BadAudioFile(SILENT, f"silent ({level}, below {20 * np.log10(SILENT_PEAK):.0f} dBFS): no voice to learn "
+                               "from; re-export it or remove the row")
+
+
+def _finished_conversion(job: _FileJob, source_mtime_ns: int) -> WavHeader | None:
+    """Header of an earlier run's conversion if it is still valid, else None.
 
     Valid means newer than the source and already in the target format: a run with another
     sample rate must not reuse it. Outputs are written under a temporary name and renamed,
@@ -165,7 +186,7 @@ def _finished_conversion(job: _FileJob, source_mtime_ns: int) -> float | None:
         return None
     if header is None or not header.decodable_by_tf(job.sample_rate) or header.frames == 0:
         return None
-    return header.frames / header.sample_rate
+    return header
 
 
 def _convert(job: _FileJob) -> float:
@@ -208,6 +229,8 @@ def _convert(job: _FileJob) -> float:
     # overshoots near full scale and float WAVs may exceed 1.0, and astype(int16) would wrap
     # such samples to the other sign, so clip first. 32767 is libsndfile's own scale.
     pcm = np.rint(np.clip(mono, -1.0, 1.0) * 32767.0).astype(np.int16)
+    peak = float(np.max(np.abs(pcm))) / 32768
+    _check_sound(peak if peak < SILENT_PEAK else None)
 
     os.makedirs(os.path.dirname(job.converted_path), exist_ok=True)
     temporary = job.converted_path + ".partial"
