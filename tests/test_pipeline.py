@@ -422,9 +422,31 @@ def test_the_clips_the_length_filter_leaves_out_are_counted_with_their_reasons(d
     left_out = len(utterances) - kept
     assert 2 <= left_out < len(utterances)
     # The one clip under 2 s (1.24 s); the rest are over 6 s.
-    assert lines == [f"data: {left_out} of the 24 training clips are outside the length limits and left out "
+    assert lines == [f"data: {left_out} of the 24 training clips are outside the limits and left out "
                      f"({left_out - 1} longer than data.max_duration_s (6.0 s), 1 shorter than data.min_duration_s "
                      f"(2.0 s, silence trimmed)); {kept} remain"]
+
+
+def test_a_silent_clip_of_an_unprepared_corpus_is_left_out_and_counted(demo_corpus, utterances, tmp_path):
+    # A digitally silent clip kept its transcript and trained: the silence trim keeps such a clip
+    # whole (its own loudest frame is its reference), and nothing else looked at its level.
+    import dataclasses
+
+    import soundfile
+
+    from conftest import tiny_config
+
+    config = tiny_config(demo_corpus)
+    kept_before = sum(len(b["mel_length"]) for b in build_dataset(config, utterances, training=False).as_numpy_iterator())
+    fits = [u for u in utterances if 2.0 <= u.duration_s <= 5.0]  # inside every other limit
+    silent = tmp_path / "silent.wav"
+    soundfile.write(silent, np.zeros(int(fits[0].duration_s * 22050)), 22050, subtype="PCM_16")
+    rows = [dataclasses.replace(fits[0], audio_path=str(silent)) if u is fits[0] else u for u in utterances]
+    lines = []
+    build_dataset(config, rows, training=True, echo=lines.append)
+    kept = sum(len(b["mel_length"]) for b in build_dataset(config, rows, training=False).as_numpy_iterator())
+    assert kept == kept_before - 1
+    assert len(lines) == 1 and "1 silent (loudest sample below -60 dBFS)" in lines[0], lines
 
 
 def _cache_prefix(config, rows, folder):

@@ -78,7 +78,7 @@ from myxtts.data.manifest import Utterance, read_manifest
 from myxtts.data.phonemes import model_texts, phonemize_utterances
 from myxtts.data.references import CropTable, ReferenceTable, assign_references  # noqa: F401 (assign_references: public here too)
 from myxtts.data.text import PAD_ID, Vocabulary, tokenize
-from myxtts.data.wav_header import check_audio_files
+from myxtts.data.wav_header import SILENT_PEAK, check_audio_files
 from myxtts.hardware.host import usable_cores, usable_ram_bytes
 
 # Used when `data.batch_size` / `data.num_workers` are 0 ("automatic") and no hardware plan has
@@ -347,7 +347,7 @@ class Epochs:
                                        deterministic=self.ordered)
 
     def _decoded(self, rows: tf.data.Dataset) -> tf.data.Dataset:
-        """The rows' clips decoded and tokenised, those outside the length limits left out."""
+        """The rows' clips decoded and tokenised, those outside the limits (`within_limits`) left out."""
         c, table = self.data, self.vocabulary.lookup_table()
         ds = rows.map(lambda row: _decode(row, c, table), num_parallel_calls=self._parallel_calls, deterministic=self.ordered)
         return ds.filter(lambda ex: within_limits(ex, c))
@@ -373,17 +373,17 @@ class Epochs:
         reasons = self.left_out_reasons(dropped)
         counts = ", ".join(f"{count} {reason}" for reason, count in sorted(reasons.items(), key=lambda kv: -kv[1]))
         split = "training" if self.training else "validation"
-        self._echo(f"data: {len(dropped)} of the {len(self.utterances)} {split} clips are outside the length limits "
+        self._echo(f"data: {len(dropped)} of the {len(self.utterances)} {split} clips are outside the limits "
                    f"and left out ({counts}); {len(self.utterances) - len(dropped)} remain")
 
     def left_out_reasons(self, clips) -> dict[str, int]:
-        """How many of `clips` (indices) are outside each length limit, by the first they fail: these
+        """How many of `clips` (indices) are outside each limit, by the first they fail: these
         clips are decoded once more (the filter kept nothing of them, and they are few)."""
         c, table = self.data, self.vocabulary.lookup_table()
         reasons = []  # the limits' words, set when `map` traces `first_failed`
 
         def first_failed(row):
-            limits = length_limits(_decode(row, c, table), c)  # the filter's own limits
+            limits = clip_limits(_decode(row, c, table), c)  # the filter's own limits
             reasons[:] = [reason for reason, _ in limits]
             return tf.argmin(tf.cast(tf.stack([holds for _, holds in limits]), tf.int32), output_type=tf.int32)
 
@@ -482,16 +482,23 @@ def _decode(row, c: DataConfig, table) -> dict:
 
 
 def within_limits(example, c: DataConfig) -> tf.Tensor:
-    """Whether a decoded clip fits `data.min/max_duration_s` and the longest text bucket, and has
-    at least as many mel frames as tokens (the alignment gives every token a frame of its own)."""
-    return functools.reduce(tf.logical_and, [holds for _, holds in length_limits(example, c)])
+    """Whether a decoded clip fits `data.min/max_duration_s` and the longest text bucket, has at
+    least as many mel frames as tokens (the alignment gives every token a frame of its own), and
+    is not silent."""
+    return functools.reduce(tf.logical_and, [holds for _, holds in clip_limits(example, c)])
 
 
-def length_limits(example, c: DataConfig) -> list[tuple[str, tf.Tensor]]:
-    """(what a clip outside it is, whether this clip is inside) for each limit `within_limits` applies."""
+def clip_limits(example, c: DataConfig) -> list[tuple[str, tf.Tensor]]:
+    """(what a clip outside it is, whether this clip is inside) for each limit `within_limits` applies.
+
+    A silent clip (digital silence or hiss: `prepare_dataset.py` rejects it, but a corpus it never saw
+    can hold one) would teach the model to say its transcript with silence; the silence trim keeps
+    such a clip whole, its own loudest frame being its reference."""
     num_samples = tf.shape(example["samples"])[0]
     num_tokens = tf.shape(example["tokens"])[0]
     return [
+        (f"silent (loudest sample below {20 * math.log10(SILENT_PEAK):.0f} dBFS)",
+         tf.reduce_max(tf.abs(example["samples"])) >= SILENT_PEAK),
         (f"shorter than data.min_duration_s ({c.min_duration_s} s{', silence trimmed' if c.trim_silence_db > 0 else ''})",
          num_samples >= int(c.min_duration_s * c.sample_rate)),
         (f"longer than data.max_duration_s ({c.max_duration_s} s)", num_samples <= int(c.max_duration_s * c.sample_rate)),
