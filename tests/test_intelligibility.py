@@ -142,6 +142,13 @@ def test_read_pcm16_reads_as_soundfile_does_and_names_another_format(demo_corpus
     soundfile.write(stereo, np.zeros((100, 2), np.float32), 16_000, subtype="PCM_16")
     with pytest.raises(ValueError, match="stereo.wav: 16-bit mono WAV expected"):
         read_pcm16(stereo)
+    # A damaged file or a missing one ended measure_recordings_wer.py in wave's EOFError traceback.
+    (tmp_path / "stub.wav").write_bytes(b"x")
+    (tmp_path / "text.wav").write_text("not audio, but long enough to hold a RIFF header")
+    for name, message in (("stub.wav", "not a readable WAV file"), ("text.wav", "not a readable WAV file"),
+                          ("missing.wav", "cannot be read")):
+        with pytest.raises(ValueError, match=f"{name}: {message}"):
+            read_pcm16(tmp_path / name)
 
 
 def test_transcribe_resamples_and_checks_its_input(demo_corpus):
@@ -220,10 +227,18 @@ def test_a_word_missing_from_the_dictionary_is_still_recognized(tmp_path):
     assert "zxqvy" in result.summary()
 
 
-def test_measure_recordings_wer_names_a_folder_without_a_manifest(tmp_path, capsys):
+def test_measure_recordings_wer_names_a_folder_without_a_manifest_and_a_damaged_clip(tmp_path, capsys):
     # It was a ManifestError traceback.
     from utilities import measure_recordings_wer
 
     assert measure_recordings_wer.main(["--corpus", str(tmp_path)]) == 2
     error = capsys.readouterr().err
     assert f"{tmp_path}: folder has neither metadata.csv" in error and "Traceback" not in error, error
+    # A damaged WAV in the corpus: one line naming it, not wave's EOFError traceback.
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "a.wav").write_bytes(b"x")
+    (corpus / "manifest.jsonl").write_text('{"audio_path": "a.wav", "text": "hi"}\n')
+    assert measure_recordings_wer.main(["--corpus", str(corpus)]) == 2
+    error = capsys.readouterr().err
+    assert f"error: {corpus / 'a.wav'}: not a readable WAV file" in error and "Traceback" not in error, error

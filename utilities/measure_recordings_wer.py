@@ -18,13 +18,11 @@ recordings and Griffin-Lim for every clip of the corpus. Prints a Markdown table
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 
 def parse_arguments(argv=None) -> argparse.Namespace:
@@ -41,11 +39,14 @@ def parse_arguments(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> int:
     arguments = parse_arguments(argv)
+    from myxtts.startup_noise import quiet_tensorflow
+
+    quiet_tensorflow()
     import numpy as np
 
     from myxtts.config import load_config
     from myxtts.data.manifest import read_manifest, split_train_val
-    from myxtts.evaluation.intelligibility import Recognizer, score_intelligibility
+    from myxtts.evaluation.intelligibility import Recognizer, read_pcm16, score_intelligibility
 
     if arguments.make_demo:
         from myxtts.data.demo_corpus import make_demo_corpus
@@ -61,8 +62,12 @@ def main(argv=None) -> int:
     print(f"corpus {arguments.corpus}: {len(utterances)} clips; validation split {len(val)} "
           f"(val_fraction {config.data.val_fraction}, seed {config.seed})", file=sys.stderr)
 
+    try:
+        recordings = {u.audio_path: read_pcm16(u.audio_path) for u in utterances}
+    except ValueError as error:  # names the file
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     griffin_lim = _griffin_lim_of_recording(config.data, arguments.griffin_lim_iterations)
-    recordings = {u.audio_path: _read_wav(u.audio_path) for u in utterances}
     rng = np.random.default_rng(0)
 
     def clips(rows, condition):
@@ -95,15 +100,6 @@ def main(argv=None) -> int:
         print(f"| {clip_set} | {condition} | {lm} | {result.wer:.3f} | {errors} / {words} | "
               f"{result.seconds_per_audio_second:.3f} |", flush=True)
     return 0
-
-
-def _read_wav(path):
-    from myxtts.evaluation.intelligibility import read_pcm16
-
-    try:
-        return read_pcm16(path)
-    except ValueError as error:
-        raise SystemExit(str(error)) from None
 
 
 def _griffin_lim_of_recording(data_config, iterations):

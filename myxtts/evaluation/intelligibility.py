@@ -219,10 +219,16 @@ def read_pcm16(path) -> tuple[np.ndarray, int]:
     ValueError naming the file for any other format."""
     import wave
 
-    with wave.open(str(path), "rb") as clip:
-        if clip.getsampwidth() != 2 or clip.getnchannels() != 1:
-            raise ValueError(f"{path}: 16-bit mono WAV expected; convert it with utilities/prepare_dataset.py")
-        return np.frombuffer(clip.readframes(clip.getnframes()), "<i2").astype(np.float32) / 32768.0, clip.getframerate()
+    try:
+        with wave.open(str(path), "rb") as clip:
+            if clip.getsampwidth() != 2 or clip.getnchannels() != 1:
+                raise ValueError(f"{path}: 16-bit mono WAV expected; convert it with utilities/prepare_dataset.py")
+            return np.frombuffer(clip.readframes(clip.getnframes()), "<i2").astype(np.float32) / 32768.0, clip.getframerate()
+    except (wave.Error, EOFError) as error:  # EOFError: shorter than a RIFF header
+        raise ValueError(f"{path}: not a readable WAV file ({str(error) or 'cut off before its header ends'}); check or "
+                         "convert the corpus with utilities/prepare_dataset.py") from None
+    except OSError as error:
+        raise ValueError(f"{path}: cannot be read ({error.strerror or error})") from None
 
 
 # ---------------------------------------------------------------------------------------- scoring
