@@ -521,3 +521,18 @@ def test_profiler_trace_is_written(tmp_path):
     assert list(trace.glob("*.xplane.pb"))
     profiler = _load_utility("gpu_profiler")
     assert profiler.default_logdir(Path("configs/demo.yaml")) == ROOT / "runs" / "demo" / "logs"
+
+
+@pytest.mark.parametrize("tool", ["diagnose_gpu_bottleneck", "capacity_plan"])
+def test_the_gpu_planning_tools_name_a_damaged_clip_in_one_line(tool, tmp_path, capsys, monkeypatch):
+    # Both ended in TensorFlow's InvalidArgumentError traceback, where training names the file.
+    monkeypatch.setenv("MYXTTS_CACHE_DIR", str(tmp_path / "cache"))
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "a.wav").write_text("a text file, not audio")
+    (corpus / "manifest.jsonl").write_text('{"audio_path": "a.wav", "text": "Hello there."}\n')
+    assert _load_utility(tool).main(["--train-data", str(corpus), "--batch-size", "1",
+                                     "--set", "training.precision=fp32"]) == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last == f"error: not a WAV file (no RIFF/WAVE header): {corpus / 'a.wav'} - check or convert the corpus with " \
+                   "utilities/prepare_dataset.py", last

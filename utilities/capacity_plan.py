@@ -47,6 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     # TensorFlow started without its C++ start-up lines, which read as errors on a CPU (startup_noise.py).
     facts = quiet_tensorflow()
     from myxtts.config import ConfigError, load_config
+    from myxtts.data.audio import named_data_problems
     from myxtts.data.manifest import ManifestError
     from myxtts.diagnostics.capacity import capacity_plans, capacity_table, host_calibration
     from myxtts.hardware.devices import device_by_key, device_for_gpu_name
@@ -57,8 +58,9 @@ def main(argv: list[str] | None = None) -> int:
         if not devices:
             devices = [d for d in (device_for_gpu_name(g.name) for g in facts.gpus) if d] or [device_by_key("H100")]
         config = load_config(arguments.config, overrides=run_overrides(arguments))
-        record = host_calibration(config, recalibrate=arguments.recalibrate,
-                                  progress=lambda message: print(message, file=sys.stderr, flush=True))
+        with named_data_problems():  # a clip the pipeline refuses: one line naming it (a ValueError)
+            record = host_calibration(config, recalibrate=arguments.recalibrate,
+                                      progress=lambda message: print(message, file=sys.stderr, flush=True))
         plans = [capacity_plans(config, record, [device], facts, arguments.mfu, cost.seconds_per_frame,
                                 cost.source)[0]
                  for device in devices for cost in [loop_cost(arguments, config, device, [gpu.name for gpu in facts.gpus])]]

@@ -92,14 +92,16 @@ def main(argv: list[str] | None = None) -> int:
 
     facts = quiet_tensorflow()  # TensorFlow's C++ start-up lines, which read as errors on a CPU (startup_noise.py)
     from myxtts.config import ConfigError, load_config
+    from myxtts.data.audio import DataProblem, named_data_problems
     from myxtts.data.manifest import ManifestError
     from myxtts.data.pipeline import NoFullBatch
 
     overrides = run_overrides(arguments)
     try:
         config = load_config(arguments.config, overrides=overrides)
-        report = run(config, arguments, overrides, facts)
-    except (ConfigError, ManifestError, FileNotFoundError, NoFullBatch) as error:
+        with named_data_problems():  # a clip the pipeline refuses: one line naming it
+            report = run(config, arguments, overrides, facts)
+    except (ConfigError, ManifestError, FileNotFoundError, NoFullBatch, DataProblem) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
 

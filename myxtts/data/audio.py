@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ast
 import codecs
+import contextlib
 import functools
 import math
 import re
@@ -210,6 +211,23 @@ def data_problem(error: tf.errors.OpError) -> str | None:
     # brackets' seams, not on every bracket (a file name may hold one), and undo the escapes.
     pieces = match.group(1).split("] [")
     return " ".join(codecs.escape_decode(piece.encode("utf-8"))[0].decode("utf-8", "replace") for piece in pieces)
+
+
+class DataProblem(ValueError):
+    """An input file the pipeline's own checks refused; the message names it and what to do."""
+
+
+@contextlib.contextmanager
+def named_data_problems():
+    """Within it, one of the pipeline's own input checks failing (a `data_problem`) raises `DataProblem`
+    with that message alone, for a tool to print as one line; any other TensorFlow error is left whole."""
+    try:
+        yield
+    except tf.errors.InvalidArgumentError as error:
+        problem = data_problem(error)
+        if problem is None:
+            raise
+        raise DataProblem(problem) from None
 
 
 def _literal(line: str) -> str:
