@@ -53,3 +53,12 @@ def test_a_run_without_a_checkpoint_gets_its_vocoder_and_is_told_why_no_sample_i
     assert code == 0 and "Traceback" not in err, err
     assert f"{run_folder} has no checkpoint yet" in out and "synthesize.py --checkpoint" in out, out
     assert (run_folder / "vocoder" / "vocoder.json").is_file() and not list(run_folder.glob("demo_sample*.wav"))
+
+
+def test_the_vocoder_benchmark_names_a_folder_that_holds_no_vocoder(tmp_path, capsys):
+    # It ended in load_vocoder's FileNotFoundError traceback.
+    from utilities import benchmark_vocoder
+
+    assert benchmark_vocoder.main(["--vocoder", str(tmp_path), "--repeats", "1"]) == 2
+    assert capsys.readouterr().err.strip() == (f"error: {tmp_path} is not a vocoder folder (no vocoder.json); pass the "
+                                               "--output-dir of utilities/train_vocoder.py, or griffin-lim")

@@ -57,7 +57,11 @@ def main(argv=None) -> int:
     from myxtts.config import load_config
 
     d = load_config(args.config).data
-    contenders = train_steps(d, args) if args.train else real_time(d, args)
+    try:
+        contenders = train_steps(d, args) if args.train else real_time(d, args)
+    except (FileNotFoundError, ValueError) as error:  # not a vocoder folder, or one that does not load: named
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     times = {name: [] for name in contenders}
     for _ in range(args.repeats):
         for name, function in contenders.items():
