@@ -147,3 +147,23 @@ def test_the_tools_fit_head_default_is_voice_fits(tool):
               and call.args and isinstance(call.args[0], ast.Constant) and call.args[0].value == "--fit-head"
               for keyword in call.keywords if keyword.arg == "const"]
     assert consts == [DEFAULT_HEAD_RIDGE]
+
+
+
+def test_the_free_running_check_refuses_an_unseen_voices_corpus_before_measuring(trained_run, unseen_voices_corpus,
+                                                                                  tmp_path, capsys, monkeypatch):
+    # A corpus with too few clips a voice was refused only after the validation sentences were spoken and
+    # scored: minutes on a real run's validation split, and nothing of them kept.
+    from myxtts.data.manifest import write_jsonl
+    from myxtts.evaluation.speech import HeldOutSentences
+    from utilities import free_running_check
+
+    def measured(*args, **kwargs):
+        raise AssertionError("the validation sentences were measured before the unseen voices were checked")
+
+    monkeypatch.setattr(HeldOutSentences, "measure", measured)
+    monkeypatch.setattr(HeldOutSentences, "synthesize", measured)
+    one_clip = tmp_path / "one_clip.jsonl"
+    write_jsonl(read_manifest(unseen_voices_corpus)[:1], one_clip)
+    assert free_running_check.main(["--run", str(trained_run), "--unseen-voices", str(one_clip)]) == 2
+    assert "fewer than 5 clips" in capsys.readouterr().err.strip().splitlines()[-1]

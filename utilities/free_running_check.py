@@ -100,6 +100,23 @@ def main(argv=None) -> int:
     rows = val_rows[: args.sentences] if args.sentences else val_rows
     vocoder = synthesizer.vocoder
     sentences = HeldOutSentences.from_rows(rows, train_rows, synthesizer.vocabulary, config, vocoder=vocoder)
+    # The unseen voices' corpus is checked now, not after minutes of measuring the validation sentences.
+    voices = None
+    unseen = args.unseen_voices if args.unseen_voices is not None else config.data.unseen_voices_data
+    if unseen:
+        import dataclasses
+
+        from myxtts.evaluation.voices import unseen_voices_for
+
+        voice_config = dataclasses.replace(
+            config, data=dataclasses.replace(config.data, unseen_voices_data=unseen),
+            training=dataclasses.replace(config.training, voice_sentences=args.voice_sentences))
+        try:
+            voices = unseen_voices_for(voice_config, train_rows, synthesizer.vocabulary, print, heard_ok=args.heard_voices,
+                                       vocoder=vocoder, reference_clips=args.reference_clips)
+        except ValueError as error:
+            print(f"error: {error}", file=sys.stderr)
+            return 2
     vocoder_name = vocoder.folder if vocoder is not None else GRIFFIN_LIM
     print(f"vocoder: {vocoder_name}")
     report = {"run": str(args.run), "sentences": len(rows), "vocoder": vocoder_name}
@@ -136,21 +153,7 @@ def main(argv=None) -> int:
         print("alignment: no clip has an espeak-ng timing file matching its phonemes (only the demo corpus has them)")
     report["alignment"] = aligned
 
-    unseen = args.unseen_voices if args.unseen_voices is not None else config.data.unseen_voices_data
-    if unseen:
-        import dataclasses
-
-        from myxtts.evaluation.voices import unseen_voices_for
-
-        voice_config = dataclasses.replace(
-            config, data=dataclasses.replace(config.data, unseen_voices_data=unseen),
-            training=dataclasses.replace(config.training, voice_sentences=args.voice_sentences))
-        try:
-            voices = unseen_voices_for(voice_config, train_rows, synthesizer.vocabulary, print, heard_ok=args.heard_voices,
-                                       vocoder=vocoder, reference_clips=args.reference_clips)
-        except ValueError as error:
-            print(f"error: {error}", file=sys.stderr)
-            return 2
+    if voices is not None:
         # The recognizer's closed grammar must hold these sentences, which validation's may not.
         voice_scorer = None if reason else IntelligibilityScorer(
             [u.text for u in train_rows] + voices.sentences.texts, config.data.language,
