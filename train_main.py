@@ -160,24 +160,17 @@ def main(argv=None) -> int:
     from myxtts.startup_noise import quiet_start
 
     with quiet_start(gpu_expected=True):  # TensorFlow's import-time lines about CUDA drivers (startup_noise.py)
-        import tensorflow as tf
-
-        from myxtts.data.audio import data_problem
+        from myxtts.data.audio import named_data_problems
         from myxtts.training.checkpoints import CheckpointError
         from myxtts.training.run_lock import RunFolderBusy
         from myxtts.training.trainer import OutOfMemory, train
 
     resume = "require" if args.resume else "reset" if args.reset_training else "auto"
     try:
-        result = train(config, workdir, resume=resume, epochs=args.epochs)
+        with named_data_problems():  # a clip the pipeline's checks refuse: its one line (a ValueError)
+            result = train(config, workdir, resume=resume, epochs=args.epochs)
     except (ConfigError, CheckpointError, OutOfMemory, RunFolderBusy, FileNotFoundError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
-        return 2
-    except tf.errors.InvalidArgumentError as error:
-        problem = data_problem(error)
-        if problem is None:  # not one of the pipeline's own checks: a bug, shown whole
-            raise
-        print(f"error: {problem}", file=sys.stderr)
         return 2
     stopped = f"stopped by {result.interrupted_by}" if result.interrupted_by else "finished"
     print(f"{stopped} at step {result.step}; run folder: {workdir}", file=sys.stderr)

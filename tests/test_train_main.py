@@ -1,6 +1,7 @@
 """The command line: every flag reaches the config; bad input fails with a message, not a traceback."""
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -167,3 +168,16 @@ def test_a_stopped_demo_says_how_to_hear_its_checkpoint_instead_of_speaking_the_
     assert spoken == [] and "no demo sample after SIGTERM" in told and f"--checkpoint {tmp_path}" in told
     train_main.speak_demo_sample(tmp_path, SimpleNamespace(interrupted_by=None))
     assert spoken == [tmp_path / "demo_sample.wav"] and "listen: " in capsys.readouterr().err
+
+
+def test_a_clip_that_is_not_a_wav_is_named_in_one_line(demo_corpus, tmp_path, capsys):
+    # The pipeline's own check names the file; train_main prints that line alone, exit 2.
+    corpus = tmp_path / "corpus"
+    shutil.copytree(demo_corpus, corpus)
+    for wav in (corpus / "wavs").glob("*.wav"):  # every clip: whichever the first batch reads
+        wav.write_text("a text file, not audio")
+    assert train_main.main(["--train-data", str(corpus), "--output-dir", str(tmp_path / "run"), "--model-size", "tiny",
+                            "--max-steps", "1", "--batch-size", "4", "--optimization-level", "basic"]) == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last.startswith(f"error: not a WAV file (no RIFF/WAVE header): {corpus / 'wavs'}") and \
+        last.endswith("- check or convert the corpus with utilities/prepare_dataset.py"), last

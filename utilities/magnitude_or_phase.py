@@ -40,10 +40,9 @@ def main(argv=None) -> int:
 
     quiet_tensorflow()
     import numpy as np
-    import tensorflow as tf
 
     from myxtts.config import load_config
-    from myxtts.data.audio import data_problem
+    from myxtts.data.audio import DataProblem, named_data_problems
     from myxtts.data.manifest import read_manifest
     from myxtts.evaluation import quality
     from myxtts.evaluation.speech import trimmed_clip
@@ -61,13 +60,11 @@ def main(argv=None) -> int:
     scores, started = {}, time.monotonic()
     for number, path in enumerate(paths, 1):
         try:
-            recording, _ = trimmed_clip(path, config.data)
-            mixes = quality.spectrum_mixes(recording, config.data, vocoder, args.iterations)
-        except tf.errors.InvalidArgumentError as error:
-            problem = data_problem(error)
-            if problem is None:
-                raise
-            print(f"\nerror: {problem}", file=sys.stderr)
+            with named_data_problems():
+                recording, _ = trimmed_clip(path, config.data)
+                mixes = quality.spectrum_mixes(recording, config.data, vocoder, args.iterations)
+        except DataProblem as error:
+            print(f"\nerror: {error}", file=sys.stderr)
             return 2
         recording = np.asarray(recording, np.float32)
         for name, samples in mixes.items():

@@ -46,10 +46,8 @@ def main(argv=None) -> int:
     from myxtts.startup_noise import quiet_tensorflow
 
     quiet_tensorflow()
-    import tensorflow as tf
-
     from myxtts.config import load_config
-    from myxtts.data.audio import data_problem
+    from myxtts.data.audio import DataProblem, named_data_problems
     from myxtts.data.manifest import read_manifest
     from myxtts.evaluation import quality
     from myxtts.models.vocoder import VocoderMismatch, load_vocoder, waveform_maker
@@ -90,13 +88,11 @@ def main(argv=None) -> int:
                   end="", file=sys.stderr, flush=True)
 
         try:
-            reports[name] = quality.measure_copy_synthesis(paths, config.data, vocoder=maker, progress=progress,
-                                                           recordings=recordings, **words)
-        except tf.errors.InvalidArgumentError as error:
-            problem = data_problem(error)
-            if problem is None:
-                raise
-            print(f"\nerror: {problem}", file=sys.stderr)  # the reports above stay printed
+            with named_data_problems():
+                reports[name] = quality.measure_copy_synthesis(paths, config.data, vocoder=maker, progress=progress,
+                                                               recordings=recordings, **words)
+        except DataProblem as error:
+            print(f"\nerror: {error}", file=sys.stderr)  # the reports above stay printed
             return 2
         print(file=sys.stderr)
         print(reports[name].line(name))

@@ -128,21 +128,15 @@ def main(argv=None) -> int:
     # DT_STRING notice the first TensorBoard audio sample would print mid-run; errors still show.
     machine = quiet_tensorflow()
     import keras
-    import tensorflow as tf
 
     from myxtts.config import ConfigError
-    from myxtts.data.audio import data_problem
+    from myxtts.data.audio import named_data_problems
 
     try:
-        return train(args, machine)
+        with named_data_problems():  # the pipeline's own checks: a corrupt or unreadable clip, named (a ValueError)
+            return train(args, machine)
     except (ConfigError, FileNotFoundError, ValueError) as error:  # a bad --set key, a missing folder, a backup
         print(f"error: {error}", file=sys.stderr)
-        return 2
-    except tf.errors.InvalidArgumentError as error:
-        problem = data_problem(error)  # the pipeline's own checks: a corrupt or unreadable clip, named
-        if problem is None:
-            raise
-        print(f"error: {problem}", file=sys.stderr)
         return 2
     finally:
         keras.config.set_dtype_policy("float32")  # train() sets the run's: a caller in this process gets float32 back
