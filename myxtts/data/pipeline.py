@@ -497,8 +497,6 @@ def clip_limits(example, c: DataConfig) -> list[tuple[str, tf.Tensor]]:
     num_samples = tf.shape(example["samples"])[0]
     num_tokens = tf.shape(example["tokens"])[0]
     return [
-        (f"silent (loudest sample below {20 * math.log10(SILENT_PEAK):.0f} dBFS)",
-         tf.reduce_max(tf.abs(example["samples"])) >= SILENT_PEAK),
         (f"shorter than data.min_duration_s ({c.min_duration_s} s{', silence trimmed' if c.trim_silence_db > 0 else ''})",
          num_samples >= int(c.min_duration_s * c.sample_rate)),
         (f"longer than data.max_duration_s ({c.max_duration_s} s)", num_samples <= int(c.max_duration_s * c.sample_rate)),
@@ -507,6 +505,9 @@ def clip_limits(example, c: DataConfig) -> list[tuple[str, tf.Tensor]]:
         ("with no tokens", num_tokens >= 1),
         ("with fewer mel frames than tokens (the alignment gives every token a frame)",
          mel_frames(example["samples"], c) >= num_tokens),
+        # Last: an empty clip is too short, not silent (the reasons name the first limit a clip fails).
+        (f"silent (loudest sample below {20 * math.log10(SILENT_PEAK):.0f} dBFS)",
+         tf.reduce_max(tf.abs(example["samples"])) >= SILENT_PEAK),
     ]
 
 
