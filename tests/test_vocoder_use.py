@@ -107,4 +107,8 @@ def test_the_free_running_check_measures_the_vocoder_it_is_given(vocoder_dir, tr
     quality = report["quality"]
     assert quality["copy_synthesis_vocoder"]["clips"] == quality["copy_synthesis_griffin-lim"]["clips"] == 2
     assert 1.0 <= quality["dnsmos_syntheses"]["ovrl"] <= 5.0
-    assert f"vocoder: {folder}" in capsys.readouterr().out
+    captured = capsys.readouterr()
+    assert f"vocoder: {folder}" in captured.out
+    # The two long loops say how far they are (a real validation split is hundreds of sentences).
+    assert "speaking the sentences: 2/2 sentences" in captured.err and "done in" in captured.err, captured.err
+    assert "the recordings through the vocoder: 2/2 clips" in captured.err, captured.err

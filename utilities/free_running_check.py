@@ -129,8 +129,8 @@ def main(argv=None) -> int:
     else:
         scorer = IntelligibilityScorer([u.text for u in train_rows + val_rows], config.data.language,
                                        workers=default_workers(len(rows)))
-        spoken = sentences.measure(network, scorer)
-        ceiling = recordings_wer(rows, config.data, scorer, vocoder)
+        spoken = sentences.measure(network, scorer, show_progress=True)
+        ceiling = recordings_wer(rows, config.data, scorer, vocoder, show_progress=True)
         mels = spoken.mels
         ratios = [len(m) / max(n, 1) for m, n in zip(spoken.mels, sentences.recorded_frames)]
         for row, ratio in zip(spoken.rows, ratios):

@@ -33,6 +33,7 @@ from myxtts.data.text import PAD_ID, Vocabulary, split_symbols
 from myxtts.evaluation.intelligibility import IntelligibilityScorer
 from myxtts.models.inference import generate
 from myxtts.models.vocoder import waveform_maker
+from myxtts.progress import ProgressLine
 
 # Sentences synthesized per call: a batch pads to its longest text and frame count.
 _BATCH = 8
@@ -128,23 +129,41 @@ class HeldOutSentences:
         """Samples of a log-mel [frames, n_mels] through this measure's vocoder."""
         return self.to_audio(tf.constant(log_mel)).numpy()
 
-    def measure(self, network, scorer: IntelligibilityScorer) -> SpeechReport:
+    def measure(self, network, scorer: IntelligibilityScorer, show_progress: bool = False) -> SpeechReport:
+        """Speak every sentence and score its words; with `show_progress`, a progress line on stderr (a
+        real corpus's validation split is hundreds of sentences: minutes)."""
         start = time.perf_counter()
+        progress = ProgressLine("speaking the sentences", len(self.texts), "sentences", enabled=show_progress)
         mels = self.synthesize(network)
         ratio = float(np.median([len(m) / max(n, 1) for m, n in zip(mels, self.recorded_frames)]))
         rate = self.data_config.sample_rate
-        result = scorer.score((self.waveform(m), rate, text) for m, text in zip(mels, self.texts))
+
+        def clips():  # vocoded as the recognizer asks for them
+            for done, (mel, text) in enumerate(zip(mels, self.texts), 1):
+                yield self.waveform(mel), rate, text
+                progress.update(done)
+
+        result = scorer.score(clips())
+        progress.close()
         return SpeechReport(result.wer, ratio, list(result.rows), time.perf_counter() - start, result.summary(), mels)
 
 
-def recordings_wer(rows: list[Utterance], data_config, scorer: IntelligibilityScorer, vocoder=None):
+def recordings_wer(rows: list[Utterance], data_config, scorer: IntelligibilityScorer, vocoder=None,
+                   show_progress: bool = False):
     """The ceiling: the recordings of `rows`, trimmed as in training, to log-mel and back through
     the same vocoder (`vocoder`, else Griffin-Lim), through the same recognizer (an IntelligibilityResult)."""
-    to_audio, clips = waveform_maker(data_config, vocoder), []
-    for u in rows:
-        mel = audio.log_mel(trimmed_clip(u.audio_path, data_config)[0], data_config)
-        clips.append((to_audio(mel).numpy(), data_config.sample_rate, u.text))
-    return scorer.score(clips)
+    to_audio = waveform_maker(data_config, vocoder)
+    progress = ProgressLine("the recordings through the vocoder", len(rows), "clips", enabled=show_progress)
+
+    def clips():
+        for done, u in enumerate(rows, 1):
+            mel = audio.log_mel(trimmed_clip(u.audio_path, data_config)[0], data_config)
+            yield to_audio(mel).numpy(), data_config.sample_rate, u.text
+            progress.update(done)
+
+    result = scorer.score(clips())
+    progress.close()
+    return result
 
 
 def alignment_errors(network, rows: list[Utterance], vocabulary: Vocabulary, data_config) -> dict:
