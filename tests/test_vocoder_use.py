@@ -112,3 +112,24 @@ def test_the_free_running_check_measures_the_vocoder_it_is_given(vocoder_dir, tr
     # The two long loops say how far they are (a real validation split is hundreds of sentences).
     assert "speaking the sentences: 2/2 sentences" in captured.err and "done in" in captured.err, captured.err
     assert "the recordings through the vocoder: 2/2 clips" in captured.err, captured.err
+
+
+def test_the_speech_measure_speaks_each_sentence_once_in_batches_heard_or_not(trained_run):
+    # The measure now speaks a batch at a time as the recognizer takes its sentences (so that its
+    # progress line moves); a scorer without a recognizer (a language it lacks) reads none of them,
+    # and the length ratio still needs every mel.
+    from myxtts.data.splits import load_splits
+    from myxtts.evaluation.intelligibility import IntelligibilityScorer
+    from myxtts.evaluation.speech import HeldOutSentences
+
+    synthesizer = Synthesizer.from_run(trained_run)
+    train_rows, _ = load_splits(synthesizer.config)
+    rows = train_rows[:10]  # more than one batch of 8
+    sentences = HeldOutSentences.from_rows(rows, train_rows, synthesizer.vocabulary, synthesizer.config)
+    at_once = sentences.synthesize(synthesizer.network)
+    for language, heard in (("en-us", True), ("fa", False)):
+        report = sentences.measure(synthesizer.network, IntelligibilityScorer([u.text for u in rows], language, workers=1))
+        assert (report.wer is not None) == heard and len(report.rows) == (10 if heard else 0)
+        assert len(report.mels) == 10 and all(np.allclose(a, b, atol=1e-5) for a, b in zip(report.mels, at_once))
+        ratios = [len(m) / n for m, n in zip(at_once, sentences.recorded_frames)]
+        assert report.length_ratio == pytest.approx(float(np.median(ratios)))
