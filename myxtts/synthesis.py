@@ -15,16 +15,18 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import time
 from pathlib import Path
 
+import numpy as np
 import tensorflow as tf
 
 from myxtts.config import Config, load_run_config
 from myxtts.data.audio import data_problem, load_wav
 from myxtts.data.phonemes import model_text
 from myxtts.data.pipeline import reference_log_mel
-from myxtts.data.text import UNK_ID, Vocabulary, symbols, tokenize
+from myxtts.data.text import PAD_ID, UNK_ID, Vocabulary, symbols, tokenize
 from myxtts.data.wav_header import SILENT_PEAK
 from myxtts.evaluation.speech import trimmed_clip
 from myxtts.models.griffin_lim import write_wav
@@ -53,6 +55,36 @@ def reference_problem(path, middle_seconds: float) -> str | None:
         return (f"{path} is silent where its voice is read (at most its middle {middle_seconds:g} s: {level}); "
                 f"give a clip of the voice speaking")
     return None
+
+
+# Text is spoken a sentence at a time: the model learned from clips of one sentence (at most
+# data.max_duration_s), and a paragraph spoken whole loses its words as it grows (BENCHMARKS.md,
+# "Long text": 8 sentences whole, WER 0.15-0.35; one by one, 0-0.006). Between sentences, a pause.
+SENTENCE_PAUSE_S = 0.3
+_SENTENCES_PER_CALL = 8  # a call pads its sentences to the longest one
+# Where a sentence may end: . ! ? an ellipsis or the Arabic question mark, any closing quotes or
+# brackets, then space; the full-width 。！？ need no space after them.
+_SENTENCE_END = re.compile("(?:(?<=[.!?\u2026\u061f])[\"'\u201d\u2019\u00bb)\\]]*\\s+"
+                           "|(?<=[\u3002\uff01\uff1f])[\"'\u201d\u2019\u00bb)\\]]*\\s*)")
+# English abbreviations whose period ends no sentence ("Dr. Smith"), and initials ("J. R. Tolkien").
+_NOT_AN_END = re.compile(r"(?:\b(?:Mr|Mrs|Ms|Dr|Prof|Jr|Sr|St|Mt)|\b[A-Z])\.[\"'\u201d\u2019\u00bb)\]]*$")
+
+
+def split_sentences(text: str) -> list[str]:
+    """The sentences of `text`, in order, stripped: a sentence ends at a line break, or at a sentence
+    mark and space unless a lowercase letter follows ("e.g. this") or the mark ends an abbreviation or
+    an initial. A text without one is one sentence."""
+    sentences, start = [], 0
+    for end in _SENTENCE_END.finditer(text):
+        following = text[end.end():end.end() + 1]
+        line_break = "\n" in end.group()
+        if not line_break and (following.islower() or _NOT_AN_END.search(text[start:end.start()] + end.group().strip())):
+            continue
+        sentences.append(text[start:end.end()].strip())
+        start = end.end()
+    sentences.append(text[start:].strip())
+    lines = [line for sentence in sentences for line in sentence.splitlines()]  # a line break ends one too
+    return [line.strip() for line in lines if line.strip()]
 
 
 class UnknownSymbols(ValueError):
@@ -196,21 +228,41 @@ class Synthesizer:
         """(samples float32 [n], mel [frames, n_mels]) for `text` in the voice of the reference clip(s),
         or in `voice` (`fitted_voice`) when given.
 
-        `duration_scale` stretches the predicted durations (1.2 = 20% slower); `max_seconds` caps the length.
-        Symbols the run never trained on raise `UnknownSymbols`, or with `drop_unknown` are left out.
+        Each sentence (`split_sentences`) is spoken on its own, a batch at a time, and the sentences are
+        joined with SENTENCE_PAUSE_S of silence between them. `duration_scale` stretches the predicted
+        durations (1.2 = 20% slower); `max_seconds` caps the length. Symbols the run never trained on
+        raise `UnknownSymbols`, or with `drop_unknown` are left out.
         """
         d = self.config.data
-        tokens, _ = self.tokens(text, drop_unknown)
+        whole, _ = self.tokens(text, drop_unknown)  # the whole text's unknown symbols, named with their words
+        rows = []
+        for sentence in split_sentences(text):
+            try:
+                rows.append(self.tokens(sentence, drop_unknown)[0].numpy())
+            except UnknownSymbols:
+                raise
+            except ValueError:  # nothing of it to say: a lone "...", or only symbols drop_unknown leaves out
+                continue
+        rows = rows or [whole.numpy()]
         max_frames = math.ceil(max_seconds * d.frames_per_second) if max_seconds else None
-        if voice is None:
-            reference_mel, reference_length = self.reference(list(reference_paths))
-            mel, length = generate(self.network, tokens, reference_mel, reference_length, max_frames=max_frames,
-                                   average_references=len(reference_paths) > 1, duration_scale=duration_scale)
-        else:
-            with voice_fit.speaking_as(self.network, voice):
-                mel, length = generate(self.network, tokens, voice=voice.voice, max_frames=max_frames,
-                                       duration_scale=duration_scale)
-        mel = mel[0, : int(length[0])]
+        reference = None if voice is not None else self.reference(list(reference_paths))
+        pause = np.full((round(SENTENCE_PAUSE_S * d.frames_per_second), d.n_mels), math.log(d.log_floor), np.float32)
+        pieces = []
+        for first in range(0, len(rows), _SENTENCES_PER_CALL):
+            batch = rows[first:first + _SENTENCES_PER_CALL]
+            tokens = np.full((len(batch), max(map(len, batch))), PAD_ID, np.int32)
+            for i, row in enumerate(batch):
+                tokens[i, : len(row)] = row
+            if voice is None:
+                mel, length = generate(self.network, tokens, *reference, max_frames=max_frames,
+                                       average_references=len(reference_paths) > 1, duration_scale=duration_scale)
+            else:
+                with voice_fit.speaking_as(self.network, voice):
+                    mel, length = generate(self.network, tokens, voice=voice.voice, max_frames=max_frames,
+                                           duration_scale=duration_scale)
+            for row_mel, row_length in zip(mel.numpy(), length.numpy()):
+                pieces += [pause, row_mel[:row_length]] if pieces else [row_mel[:row_length]]
+        mel = tf.constant(np.concatenate(pieces)[:max_frames])
         return self.to_audio(mel), mel
 
     def synthesize_to_file(self, text: str, reference_paths, out_path: str | os.PathLike, drop_unknown: bool = False,

@@ -333,3 +333,40 @@ def test_fitting_one_voice_after_another_gives_what_fitting_it_alone_gives(model
     alone = fit(second, 2)  # traced afresh
     assert after.loss_before == alone.loss_before
     np.testing.assert_array_equal(after.voice.numpy(), alone.voice.numpy())
+
+
+@pytest.mark.parametrize("text, sentences", [
+    ("Hello there. How are you? Fine!", ["Hello there.", "How are you?", "Fine!"]),
+    ("Dr. Smith met J. R. Tolkien. Then he left.", ["Dr. Smith met J. R. Tolkien.", "Then he left."]),
+    ('He said "Stop." Then he left.', ['He said "Stop."', "Then he left."]),
+    ("It cost 3.50 dollars, e.g. this much. Yes", ["It cost 3.50 dollars, e.g. this much.", "Yes"]),
+    ("Wait... What?\nA new line", ["Wait...", "What?", "A new line"]),
+    ("Guten Tag. Ärger gibt es nicht.", ["Guten Tag.", "Ärger gibt es nicht."]),
+    ("你好。我很好！", ["你好。", "我很好！"]),
+    ("no sentence mark here ", ["no sentence mark here"]),
+    ("  ", []),
+])
+def test_split_sentences(text, sentences):
+    from myxtts.synthesis import split_sentences
+
+    assert split_sentences(text) == sentences
+
+
+def test_a_text_of_several_sentences_is_each_sentence_spoken_alone_with_a_pause_between(hello_synthesizer):
+    # A paragraph spoken as one sequence lost its words as it grew (8 sentences: WER 0.15-0.35 against
+    # 0-0.006 a sentence at a time, BENCHMARKS.md "Long text"): the model learned single sentences.
+    from myxtts.synthesis import SENTENCE_PAUSE_S
+
+    synthesizer, voice = hello_synthesizer
+    c = synthesizer.config.data
+    _, first = synthesizer.synthesize("Hello there.", [voice])
+    _, second = synthesizer.synthesize("Hello.", [voice])
+    samples, both = synthesizer.synthesize("Hello there. ... Hello.", [voice])  # the lone "..." says nothing
+    pause = round(SENTENCE_PAUSE_S * c.frames_per_second)
+    assert both.shape[0] == first.shape[0] + pause + second.shape[0]
+    np.testing.assert_allclose(both[: first.shape[0]], first, atol=1e-5)  # spoken in one batch, as alone
+    np.testing.assert_allclose(both[first.shape[0] + pause:], second, atol=1e-5)
+    assert np.all(both[first.shape[0]: first.shape[0] + pause].numpy() == math.log(c.log_floor))
+    assert samples.shape[0] == (both.shape[0] - 1) * c.hop_length  # one vocoder call over the whole
+    _, capped = synthesizer.synthesize("Hello there. Hello.", [voice], max_seconds=0.1)
+    assert capped.shape[0] == math.ceil(0.1 * c.frames_per_second)

@@ -69,6 +69,7 @@ def test_a_cpu_training_start_prints_none_of_it(tmp_path):
     ["utilities/export_model.py", "--run", "MISSING", "--out", "OUT"],
     ["utilities/free_running_check.py", "--run", "MISSING"],
     ["utilities/measure_quality.py", "--corpus", "MISSING"],
+    ["utilities/measure_long_text.py", "--run", "MISSING"],
 ], ids=lambda tool: Path(tool[0]).stem)
 def test_the_tools_name_a_missing_input_in_one_line_without_tensorflows_start_up_noise(tool, tmp_path):
     missing = tmp_path / "no_such_run"

@@ -30,7 +30,8 @@ from pathlib import Path
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--checkpoint", required=True, help="run folder (with config.yaml and vocab.txt) or checkpoint prefix")
-    p.add_argument("--text", required=True, help="what to say, in the run's data.language")
+    p.add_argument("--text", required=True, help="what to say, in the run's data.language; several sentences are spoken one by one, "
+                   "0.3 s apart")
     p.add_argument("--reference", required=True, action="append", help="16-bit WAV of the target voice (repeatable)")
     p.add_argument("--reference-text", action="append", default=[], metavar="TEXT",
                    help="the words of a --reference clip (one per clip, in order): the voice is then fitted to the "
