@@ -181,3 +181,16 @@ def test_a_clip_that_is_not_a_wav_is_named_in_one_line(demo_corpus, tmp_path, ca
     last = capsys.readouterr().err.strip().splitlines()[-1]
     assert last.startswith(f"error: not a WAV file (no RIFF/WAVE header): {corpus / 'wavs'}") and \
         last.endswith("- check or convert the corpus with utilities/prepare_dataset.py"), last
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--resume"], "--resume: no checkpoint to resume in"),
+    (["--init-from", "/nonexistent/run"], "training.init_from (--init-from): no checkpoint found at /nonexistent/run"),
+], ids=["resume", "init_from"])
+def test_a_checkpoint_that_is_not_there_is_named_before_the_probes(argv, message, demo_corpus, tmp_path, capsys):
+    # Both were named only after the hardware plan's probes (the CPU precision probe: up to a minute).
+    assert train_main.main(["--train-data", str(demo_corpus), "--output-dir", str(tmp_path / "run"), "--max-steps", "1",
+                            *argv]) == 2
+    captured = capsys.readouterr()
+    assert message in captured.err.strip().splitlines()[-1], captured.err
+    assert "precision:" not in captured.out + captured.err  # the probe never started, cached or not

@@ -204,6 +204,22 @@ class Run:
         return self.text.vocabulary
 
 
+def starting_point(config: Config, workdir: Path | None, resume: str = "auto") -> tuple[bool, InitSource | None]:
+    """Whether the run in `workdir` resumes a checkpoint of its own, and `training.init_from`'s
+    checkpoint when the run starts from it instead. Raises CheckpointError for `resume="require"`
+    without a checkpoint and for an init_from that names none; reads no weights, so training asks it
+    before the hardware probes (a minute on a first run) as well as in `prepare_run`."""
+    resuming = workdir is not None and has_checkpoint(workdir)
+    if resume == "require" and not resuming:
+        where = workdir / "checkpoints" / "latest" if workdir is not None else "(no run folder)"
+        raise CheckpointError(f"--resume: no checkpoint to resume in {where}")
+    source = None
+    if config.training.init_from and not resuming:
+        source = load_source(config.training.init_from)
+        check_same_text(source, config)
+    return resuming, source
+
+
 def prepare_run(config: Config, workdir: str | Path | None = None, *, resume: str = "auto",
                 echo=console_echo) -> Run:
     """The rows and vocabulary of the run in `workdir` (or of a run without a folder, for `None`).
@@ -216,18 +232,10 @@ def prepare_run(config: Config, workdir: str | Path | None = None, *, resume: st
     if config.data.text_frontend == "phonemes":
         check_language(config.data.language)  # a typo fails here, with nothing done yet
     workdir = Path(workdir) if workdir is not None else None
-    resuming = workdir is not None and has_checkpoint(workdir)
-    if resume == "require" and not resuming:
-        where = workdir / "checkpoints" / "latest" if workdir is not None else "(no run folder)"
-        raise CheckpointError(f"--resume: no checkpoint to resume in {where}")
+    resuming, source = starting_point(config, workdir, resume)
     train_rows, val_rows = load_splits(config)
-    source = None
-    if config.training.init_from:
-        if resuming:
-            echo(f"training.init_from ({config.training.init_from}) only starts a run: {workdir} resumes its own checkpoint")
-        else:
-            source = load_source(config.training.init_from)
-            check_same_text(source, config)
+    if config.training.init_from and resuming:
+        echo(f"training.init_from ({config.training.init_from}) only starts a run: {workdir} resumes its own checkpoint")
     text = prepare_text(config, workdir, train_rows, val_rows, keep_vocabulary=resuming,
                         base_vocabulary=source.vocabulary if source else None)
     echo(f"data: {len(text.train_rows)} training and {len(text.val_rows)} validation clips, "

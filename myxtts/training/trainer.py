@@ -40,7 +40,7 @@ from myxtts.training.checkpoints import Checkpoints, CheckpointError, DiskFull, 
 from myxtts.training.init_from import InitSource, initialize_from
 from myxtts.training.run_folder import WAYS_OUT, RunText, reset_run, settings_changed
 from myxtts.training.run_lock import run_folder_lock
-from myxtts.training.run_setup import batch_plan_of, prepare_run, resolve_plan
+from myxtts.training.run_setup import batch_plan_of, prepare_run, resolve_plan, starting_point
 from myxtts.training.service_watchdog import watchdog_for
 from myxtts.training.optimizers import build_optimizer
 from myxtts.training.step import TrainingModel
@@ -91,6 +91,8 @@ def _train(config: Config, workdir: Path, resume: str, epochs: float | None, ech
     automatic_batch = config.data.batch_size == 0
     if config.data.text_frontend == "phonemes":
         check_language(config.data.language)  # a typo fails here, not after the hardware probe
+    # So do --resume without a checkpoint and an --init-from naming none (prepare_run asks again).
+    starting_point(config, workdir, "require" if resume == "require" else "auto")
     config, policy, plan = resolve_plan(config, echo)
     # Before any other TensorFlow work: MultiWorkerMirroredStrategy configures the runtime.
     strategy = distribute.strategy_for(plan)
