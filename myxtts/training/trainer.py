@@ -91,8 +91,10 @@ def _train(config: Config, workdir: Path, resume: str, epochs: float | None, ech
     automatic_batch = config.data.batch_size == 0
     if config.data.text_frontend == "phonemes":
         check_language(config.data.language)  # a typo fails here, not after the hardware probe
-    # So do --resume without a checkpoint and an --init-from naming none (prepare_run asks again).
-    starting_point(config, workdir, "require" if resume == "require" else "auto")
+    # So do --resume without a checkpoint and an --init-from naming none (prepare_run asks again; another
+    # worker of a cluster keeps its checkpoints in a folder of its own, known only once the strategy is).
+    if _is_chief_by_environment():
+        starting_point(config, workdir, "require" if resume == "require" else "auto")
     config, policy, plan = resolve_plan(config, echo)
     # Before any other TensorFlow work: MultiWorkerMirroredStrategy configures the runtime.
     strategy = distribute.strategy_for(plan)
