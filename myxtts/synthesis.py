@@ -76,10 +76,8 @@ def split_sentences(text: str) -> list[str]:
     an initial. A text without one is one sentence."""
     sentences, start = [], 0
     for end in _SENTENCE_END.finditer(text):
-        following = text[end.end():end.end() + 1]
-        line_break = "\n" in end.group()
-        if not line_break and (following.islower() or _NOT_AN_END.search(text[start:end.start()] + end.group().strip())):
-            continue
+        if text[end.end():end.end() + 1].islower() or _NOT_AN_END.search(text[start:end.start()] + end.group().strip()):
+            continue  # a line break inside the match still ends the sentence, below
         sentences.append(text[start:end.end()].strip())
         start = end.end()
     sentences.append(text[start:].strip())
