@@ -3,6 +3,8 @@ no traceback (as train_main.py)."""
 
 import shutil
 
+import pytest
+
 from utilities import train_vocoder
 
 
@@ -62,3 +64,82 @@ def test_the_vocoder_benchmark_names_a_folder_that_holds_no_vocoder(tmp_path, ca
     assert benchmark_vocoder.main(["--vocoder", str(tmp_path), "--repeats", "1"]) == 2
     assert capsys.readouterr().err.strip() == (f"error: {tmp_path} is not a vocoder folder (no vocoder.json); pass the "
                                                "--output-dir of utilities/train_vocoder.py, or griffin-lim")
+
+
+def test_a_folder_holding_a_trained_vocoder_is_not_trained_over(demo_corpus, tmp_path, capsys):
+    # The same command run twice (the README's second command, say) trained again from scratch and
+    # replaced the finished vocoder at the end.
+    from conftest import make_vocoder_folder, tiny_config
+
+    out = tmp_path / "vocoder"
+    make_vocoder_folder(tiny_config(demo_corpus).data, out)
+    before = {path.name: path.read_bytes() for path in out.iterdir()}
+    code, err = run(capsys, "--train-data", str(demo_corpus), "--output-dir", str(out))
+    assert code == 2 and f"{out} already holds a trained vocoder" in err and f"--init-from {out}" in err, err
+    assert {path.name: path.read_bytes() for path in out.iterdir()} == before
+    # Continued in place, as the refusal says: replaced by its continuation once that is saved.
+    code, err = run(capsys, "--train-data", str(demo_corpus), "--output-dir", str(out), "--init-from", str(out))
+    after = {path.name: path.read_bytes() for path in out.iterdir() if path.is_file()}
+    assert code == 0 and after.keys() == before.keys(), (err, after.keys())
+    assert after["vocoder.json"] == before["vocoder.json"] and after["vocoder.weights.h5"] != before["vocoder.weights.h5"]
+
+
+def test_a_second_training_in_the_vocoder_folder_is_refused(demo_corpus, tmp_path, capsys):
+    import os
+
+    from myxtts.training.run_lock import run_folder_lock
+
+    out = tmp_path / "vocoder"
+    out.mkdir()
+    with run_folder_lock(out):  # as a training in another process holds it
+        code, err = run(capsys, "--train-data", str(demo_corpus), "--output-dir", str(out))
+    assert code == 2 and f"{out} is in use by another training (pid {os.getpid()}" in err, err
+    assert "train into another --output-dir" in err and sorted(p.name for p in out.iterdir()) == [], err
+
+
+def test_a_save_that_fails_keeps_the_trained_weights_for_the_same_command_to_save(demo_corpus, tmp_path, capsys,
+                                                                                   monkeypatch):
+    # Keras' BackupAndRestore deleted the backup as training ended, before the vocoder was saved:
+    # a full disk then lost the whole run.
+    import errno
+
+    from myxtts.models import vocoder as vocoder_module
+
+    def full_disk(vocoder, folder):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    out = tmp_path / "vocoder"
+    command = ("--train-data", str(demo_corpus), "--output-dir", str(out), "--phase-prior", "none")
+    with monkeypatch.context() as patch:
+        patch.setattr(vocoder_module, "save_vocoder", full_disk)
+        code, err = run(capsys, *command)
+    assert code == 2 and f"could not save the vocoder in {out} (No space left on device)" in err, err
+    assert f"kept in {out / 'backup'}" in err and (out / "backup" / "latest.weights.h5").is_file(), err
+    code = train_vocoder.main([*command, "--size", "tiny", "--steps", "2", "--batch-size", "4", "--quality-clips", "0"])
+    printed = capsys.readouterr().out
+    assert code == 0 and f"resumed from {out / 'backup'} at update 2 of 2" in printed, printed
+    assert (out / "vocoder.json").is_file() and not (out / "backup").exists()
+
+
+def test_a_save_cut_short_leaves_the_vocoder_that_was_there(demo_corpus, tmp_path):
+    from conftest import make_vocoder_folder, tiny_config
+
+    from myxtts.models.vocoder import Vocoder, load_vocoder, save_vocoder
+
+    data = tiny_config(demo_corpus).data
+    out = tmp_path / "vocoder"
+    make_vocoder_folder(data, out)
+    before = {path.name: path.read_bytes() for path in out.iterdir()}
+    replacement = Vocoder(data, size="tiny")
+    replacement.build()
+
+    def cut_short(path, *args, **kwargs):
+        with open(path, "wb") as half:
+            half.write(b"\x89HDF\r\n")  # the start of a weights file, and then the disk is full
+        raise OSError(28, "No space left on device")
+
+    replacement.save_weights = cut_short
+    with pytest.raises(OSError, match="No space left"):
+        save_vocoder(replacement, out)
+    assert {path.name: path.read_bytes() for path in out.iterdir()} == before  # nothing left half-written beside it
+    load_vocoder(out, data)

@@ -7,8 +7,12 @@ Waveform batches come from the project's own pipeline (`data.mel_on_device`: the
 trimmed, normalised and bucketed natively, as training reads them); each step vocodes the log-mel of
 a random segment of every clip and compares it with the segment. Keras' `BackupAndRestore` keeps an
 interrupted run resumable: the same command continues from its last backup (every 50 steps; a run
-that finished removes its backup, and the same command then starts over; a backup made with another
---size, --accumulation, discriminator or fp16 is refused with what differs, and kept). Updates are
+removes its backup once the vocoder is saved, so a save that fails, on a full disk say, keeps the
+trained weights for the same command to save; a backup made with another --size, --accumulation,
+discriminator or fp16 is refused with what differs, and kept). A folder that already holds a trained
+vocoder is not trained over: continue it with --init-from FOLDER (in place or into another
+--output-dir), or train a new one elsewhere. One training at a time holds the folder (a second one
+is refused, naming the first's pid). Updates are
 XLA-compiled on a GPU and run in its mixed precision (--precision), optionally over several batches
 each (--accumulation); several GPUs of one host train it together (tf.distribute.MirroredStrategy,
 --batch-size segments on each, gradients averaged before clipping as train_main.py does, without
@@ -131,19 +135,42 @@ def main(argv=None) -> int:
 
     from myxtts.config import ConfigError
     from myxtts.data.audio import named_data_problems
+    from myxtts.synthesis import RUN_VOCODER
+    from myxtts.training.run_lock import RunFolderBusy, run_folder_lock
 
+    out = Path(args.output_dir or Path(args.run) / RUN_VOCODER)
     try:
-        with named_data_problems():  # the pipeline's own checks: a corrupt or unreadable clip, named (a ValueError)
-            return train(args, machine)
-    except (ConfigError, FileNotFoundError, ValueError) as error:  # a bad --set key, a missing folder, a backup
+        if problem := replaced_vocoder(out, args.init_from):
+            raise ValueError(problem)
+        out.mkdir(parents=True, exist_ok=True)
+        # The pipeline's own checks name a corrupt or unreadable clip (a ValueError).
+        with named_data_problems(), run_folder_lock(out, what="each other's backup and saved vocoder",
+                                                    advice="train into another --output-dir"):
+            return train(args, machine, out)
+    except (ConfigError, FileNotFoundError, RunFolderBusy, ValueError) as error:  # a bad --set key, a missing folder, a backup
         print(f"error: {error}", file=sys.stderr)
         return 2
     finally:
         keras.config.set_dtype_policy("float32")  # train() sets the run's: a caller in this process gets float32 back
 
 
-def train(args, machine) -> int:
-    """Train, save and measure the vocoder (the module's docstring); 0 when done."""
+def replaced_vocoder(out: Path, init_from: str | None) -> str | None:
+    """Why training into `out` would replace a vocoder already trained there at its end, or None."""
+    from myxtts.models.vocoder import is_vocoder_folder
+
+    if not is_vocoder_folder(out) or (out / "backup" / "latest.weights.h5").exists():
+        return None  # nothing saved there yet, or an interrupted run to continue
+    if init_from and Path(init_from).resolve() == out.resolve():
+        return None  # continued in place: replaced by its own continuation, once that is saved
+    return (f"{out} already holds a trained vocoder, which training again would replace. Continue it with "
+            f"--init-from {out} (in place, or into another --output-dir), train a new one with --output-dir NEW, "
+            f"or remove {out} to start over")
+
+
+def train(args, machine, out: Path) -> int:
+    """Train, save and measure the vocoder in `out` (the module's docstring); 0 when done."""
+    import shutil
+
     import keras
     import tensorflow as tf
 
@@ -163,7 +190,6 @@ def train(args, machine) -> int:
     # One host's GPUs (TF_CONFIG's several hosts are train_main.py's alone: here every process would write).
     strategy = distribute.strategy_for(args.gpus or max(len(tf.config.list_physical_devices("GPU")), 1), environ={})
     replicas = distribute.replicas(strategy)
-    out = Path(args.output_dir or Path(args.run) / RUN_VOCODER)
     speak_sample = bool(args.run) and out.resolve() == (Path(args.run) / RUN_VOCODER).resolve()
     if speak_sample:
         try:
@@ -173,7 +199,6 @@ def train(args, machine) -> int:
             print(f"note: {args.run} has no checkpoint yet, so the vocoder trains on its corpus but speaks no "
                   f"demo_sample.wav; once the run has trained, speak with utilities/synthesize.py --checkpoint "
                   f"{args.run} --vocoder {out}")
-    out.mkdir(parents=True, exist_ok=True)
     policy, policy_reason, notes = vocoder_precision(machine, args.precision)
     for note in notes:
         print(f"note: {note}")
@@ -279,7 +304,8 @@ def train(args, machine) -> int:
 
     # The first update's time (tracing, under XLA compiling, the input starting): on an H200 the first
     # progress line of an XLA run had not come 150 s in, with nothing said meanwhile (BENCHMARKS.md).
-    callbacks = [keras.callbacks.BackupAndRestore(str(out / "backup")), Progress(),
+    # The backup outlives the run until the vocoder is saved (below): Keras would delete it as the run ends.
+    callbacks = [keras.callbacks.BackupAndRestore(str(out / "backup"), delete_checkpoint=False), Progress(),
                  CompileTimer(echo=lambda line: print(line, flush=True), xla=jit_compile),
                  keras.callbacks.TensorBoard(str(out / "logs"))]
     if val_rows:  # one validation clip's copy-synthesis, to listen to in TensorBoard as it trains
@@ -289,7 +315,13 @@ def train(args, machine) -> int:
     trainer.fit(stream, steps_per_epoch=interval * args.accumulation, epochs=math.ceil(args.steps / interval), verbose=0,
                 callbacks=callbacks)
     keras.config.set_dtype_policy("float32")  # what follows (measures, the demo sample) runs as synthesis does
-    save_vocoder(vocoder, out)
+    try:
+        save_vocoder(vocoder, out)
+    except OSError as error:
+        raise ValueError(f"could not save the vocoder in {out} ({error.strerror or error}); the trained weights are kept "
+                         f"in {out / 'backup'}: the same command, run again once that is mended, saves them without "
+                         "training again") from None
+    shutil.rmtree(out / "backup", ignore_errors=True)  # saved: the backup has done its work
     print(f"vocoder: {out}; trained in {time.monotonic() - started:.0f} s")
 
     if args.quality_clips and val_rows:
@@ -350,7 +382,7 @@ def check_backup(backup: Path, settings: dict) -> None:
     """Refuse to resume a backup made with settings that change the variables it holds (the vocoder's
     size, a discriminator, loss scaling, gradient accumulation): Keras would fail to load it, or load
     it wrongly. Says which settings differ; the backup is left as it is. Records `settings` beside a
-    backup to come (BackupAndRestore removes the folder when a run finishes)."""
+    backup to come (removed with it once the vocoder is saved)."""
     recorded = backup / "settings.json"
     if (backup / "latest.weights.h5").exists() and recorded.is_file():
         before = json.loads(recorded.read_text(encoding="utf-8"))

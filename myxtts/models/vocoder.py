@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import random
 from pathlib import Path
 
@@ -209,13 +210,24 @@ class VocoderMismatch(ValueError):
 
 
 def save_vocoder(vocoder: Vocoder, folder) -> None:
+    """Write the vocoder folder. Each file is written beside itself and renamed into place, so a save
+    cut short (a full disk, a kill) leaves the vocoder that was there, never half of a new one."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    vocoder.save_weights(str(folder / WEIGHTS_FILE))
     d = vocoder.data_config
     settings = {"size": vocoder.size, "phase_prior": vocoder.phase_prior,
                 "features": {key: getattr(d, key) for key in FEATURE_KEYS}}
-    (folder / SETTINGS_FILE).write_text(json.dumps(settings, indent=2) + "\n", encoding="utf-8")
+    weights = folder / f"incomplete.{WEIGHTS_FILE}"  # Keras wants the name to end in .weights.h5
+    described = folder / f"incomplete.{SETTINGS_FILE}"
+    try:
+        vocoder.save_weights(str(weights))
+        described.write_text(json.dumps(settings, indent=2) + "\n", encoding="utf-8")
+        # Weights first: a vocoder replaced in place (train_vocoder.py --init-from FOLDER) keeps its settings.
+        os.replace(weights, folder / WEIGHTS_FILE)
+        os.replace(described, folder / SETTINGS_FILE)
+    finally:
+        for path in (weights, described):
+            path.unlink(missing_ok=True)
 
 
 def is_vocoder_folder(folder) -> bool:

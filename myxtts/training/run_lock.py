@@ -32,13 +32,18 @@ class RunFolderBusy(RuntimeError):
 
 
 @contextlib.contextmanager
-def run_folder_lock(workdir: str | os.PathLike, echo: Callable[[str], None] = print) -> Iterator[Path]:
+def run_folder_lock(workdir: str | os.PathLike, echo: Callable[[str], None] = print, what: str | None = None,
+                    advice: str | None = None) -> Iterator[Path]:
     """Holds `<workdir>/train.lock` (the folder must exist) while the block runs; raises
     `RunFolderBusy`, naming the folder and the holder's pid and host, when another process holds it.
+    `what` (what two trainings would overwrite) and `advice` (what to do instead) word the refusal;
+    by default a run folder's.
 
     On a filesystem without locks (some network mounts answer ENOLCK), says so and goes on unlocked."""
     path = Path(workdir) / LOCK_FILE
-    descriptor = _acquire(path, echo)
+    what = what or "each other's checkpoints, config.yaml and logs"
+    advice = advice or f"train in another folder (--output-dir NEW; --init-from {path.parent} starts it from these weights)"
+    descriptor = _acquire(path, echo, what, advice)
     try:
         yield path
     finally:
@@ -60,7 +65,7 @@ def holder_of(path: Path) -> str:
     return f"pid {fields['pid']} on host {fields.get('host', '?')}"
 
 
-def _acquire(path: Path, echo) -> int | None:
+def _acquire(path: Path, echo, what: str, advice: str) -> int | None:
     """The descriptor of the locked lock file, None when the filesystem cannot lock."""
     while True:
         descriptor = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
@@ -71,9 +76,8 @@ def _acquire(path: Path, echo) -> int | None:
             if error.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
                 raise RunFolderBusy(
                     f"{path.parent} is in use by another training ({holder_of(path)}, lock file {path}): two "
-                    f"trainings in one run folder would overwrite each other's checkpoints, config.yaml and logs. "
-                    f"Nothing in it was written. Wait for that one to end or stop it, or train in another folder "
-                    f"(--output-dir NEW; --init-from {path.parent} starts it from these weights)") from None
+                    f"trainings in one folder would overwrite {what}. Nothing in it was written. Wait for that "
+                    f"one to end or stop it, or {advice}") from None
             if error.errno in (errno.ENOLCK, errno.EOPNOTSUPP):
                 echo(f"warning: {path.parent} is on a filesystem without file locks ({error.strerror}): nothing "
                      "stops a second training from using the same run folder; make sure only one does")
