@@ -249,3 +249,23 @@ def test_an_out_that_is_a_file_or_cannot_be_written_is_one_line_naming_it(tmp_pa
     assert tool.main(["--out", str(tmp_path / "locked"), "--num-utterances", "2", "--quiet"]) == 2
     err = capsys.readouterr().err
     assert f"cannot write the corpus to {tmp_path / 'locked'}: Permission denied ({tmp_path / 'locked' / 'wavs'})" in err, err
+
+
+def test_a_folder_holding_anything_a_build_did_not_write_is_refused_and_left_as_it_was(tmp_path, capsys):
+    # `--out my_corpus` on a user's own corpus overwrote its manifest.jsonl with the demo's rows.
+    from utilities import make_demo_corpus as tool
+
+    mine = tmp_path / "mine"
+    (mine / "wavs").mkdir(parents=True)
+    (mine / "wavs" / "mine_0001.wav").write_bytes(b"RIFF a user's recording")
+    (mine / "manifest.jsonl").write_text('{"audio_path": "wavs/mine_0001.wav", "text": "My words.", "speaker": "me"}\n')
+    (mine / "notes.txt").write_text("my notes")
+    before = {path: path.read_bytes() for path in mine.rglob("*") if path.is_file()}
+    assert tool.main(["--out", str(mine), "--num-utterances", "2", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert (f"{mine} holds files no demo corpus build wrote (manifest.jsonl (rows of other clips), notes.txt, "
+            "wavs/mine_0001.wav)") in err and "Traceback" not in err, err
+    assert {path: path.read_bytes() for path in mine.rglob("*") if path.is_file()} == before
+
+    (tmp_path / "empty").mkdir()  # an empty folder is the corpus's to fill
+    assert len(read_manifest(make_demo_corpus(tmp_path / "empty", 2, seed=0, progress=False))) == 2

@@ -292,18 +292,52 @@ def _corpus_is_complete(out_dir: Path, expected_stamp: dict) -> bool:
     )
 
 
+def _clip_id(file_name: str) -> str | None:
+    """The utterance id of a file this module writes in wavs/ (a clip, its timing, either half
+    written), None for any other name."""
+    name = file_name.removesuffix(".partial")
+    stem = name.removesuffix(".wav").removesuffix(TIMING_SUFFIX)
+    return stem if name.startswith("demo_") and stem != name else None
+
+
 def _remove_leftovers(out_dir: Path, kept_ids: set[str]) -> None:
     # Only files this module names (demo_* clips, timings and partial writes) are ours to
     # delete; a larger earlier build leaves ids the new manifest no longer lists.
     for path in (out_dir / "wavs").iterdir():
-        name = path.name.removesuffix(".partial")
-        stem = name.removesuffix(".wav").removesuffix(TIMING_SUFFIX)
-        if name.startswith("demo_") and stem != name and stem not in kept_ids:
+        if (clip := _clip_id(path.name)) is not None and clip not in kept_ids:
             path.unlink()
     # A format-1 build's metadata.csv would be read instead of the new manifest.jsonl.
     old_metadata = out_dir / _FORMAT_1_METADATA
     if old_metadata.is_file() and old_metadata.read_text(encoding="utf-8", errors="replace").startswith("demo_0001|"):
         old_metadata.unlink()
+
+
+def _not_written_here(out_dir: Path) -> list[str]:
+    """What in `out_dir` no demo corpus build wrote: a build there would overwrite the folder's
+    manifest.jsonl, so a user's own corpus (or anything else) is refused, never rebuilt over."""
+    if not out_dir.is_dir():
+        return []
+    foreign = []
+    for path in sorted(out_dir.iterdir()):
+        if path.name in (STAMP_FILENAME, MANIFEST_FILENAME + ".partial"):
+            continue
+        if path.name == "wavs" and path.is_dir():
+            foreign += [f"wavs/{clip.name}" for clip in sorted(path.iterdir()) if _clip_id(clip.name) is None]
+        elif path.name == MANIFEST_FILENAME and path.is_file():
+            if not _lists_demo_clips_only(path):
+                foreign.append(f"{MANIFEST_FILENAME} (rows of other clips)")
+        elif not (path.name == _FORMAT_1_METADATA and path.is_file()
+                  and path.read_text(encoding="utf-8", errors="replace").startswith("demo_0001|")):
+            foreign.append(path.name)
+    return foreign
+
+
+def _lists_demo_clips_only(manifest: Path) -> bool:
+    try:
+        rows = [json.loads(line) for line in manifest.read_text(encoding="utf-8").splitlines() if line.strip()]
+        return all(_clip_id(Path(row["audio_path"]).name) is not None for row in rows)
+    except (OSError, ValueError, TypeError, KeyError):
+        return False
 
 
 def make_demo_corpus(
@@ -345,6 +379,11 @@ def make_demo_corpus(
     }
     if _corpus_is_complete(out_dir, expected_stamp):
         return out_dir
+    if foreign := _not_written_here(out_dir):
+        shown = ", ".join(foreign[:4]) + (f" and {len(foreign) - 4} more" if len(foreign) > 4 else "")
+        raise ValueError(f"{out_dir} holds files no demo corpus build wrote ({shown}): building there would overwrite "
+                         f"its {MANIFEST_FILENAME}. Nothing was changed; give a new or empty folder (--out), or an "
+                         "earlier demo corpus")
     check_language(language, key="language")  # here, not once per worker
     with tempfile.TemporaryDirectory(prefix="myxtts-espeak-") as scratch:
         data_path = espeak.library().data_path
