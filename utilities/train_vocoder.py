@@ -12,13 +12,12 @@ trained weights for the same command to save; a backup made with another --size,
 discriminator or fp16 is refused with what differs, and kept). A folder that already holds a trained
 vocoder is not trained over: continue it with --init-from FOLDER (in place or into another
 --output-dir), or train a new one elsewhere. One training at a time holds the folder (a second one
-is refused, naming the first's pid). Updates are
-XLA-compiled on a GPU and run in its mixed precision (--precision), optionally over several batches
-each (--accumulation); several GPUs of one host train it together (tf.distribute.MirroredStrategy,
---batch-size segments on each, gradients averaged before clipping as train_main.py does, without
-XLA); the saved vocoder is float32 whatever it trained in. The vocoder folder
-(OUTPUT/vocoder.weights.h5 and OUTPUT/vocoder.json, the features it was trained for) is written at
-the end. Then copy-synthesis of the validation clips through the vocoder and through Griffin-Lim is
+is refused, naming the first's pid). Updates are XLA-compiled on a GPU and run in its mixed precision
+(--precision), optionally over several batches each (--accumulation); several GPUs of one host train
+it together (tf.distribute.MirroredStrategy, --batch-size segments on each, gradients averaged before
+clipping as train_main.py does, without XLA); the saved vocoder is float32 whatever it trained in.
+The vocoder folder (OUTPUT/vocoder.weights.h5 and OUTPUT/vocoder.json, the features it was trained
+for) is written at the end. Then copy-synthesis of the validation clips through the vocoder and through Griffin-Lim is
 measured (STOI, PESQ-WB when `pesq` is installed, DNSMOS; see utilities/measure_quality.py) and
 written to OUTPUT/quality.json. TensorBoard (OUTPUT/logs) has the losses, and under logs/samples a
 validation clip, its Griffin-Lim copy and, ten times over the run, its copy through the vocoder.
