@@ -206,6 +206,21 @@ def test_synthesize_cli_refuses_an_out_that_is_a_folder_before_speaking(tmp_path
     assert f"--out {tmp_path} is a folder; give the file to write, e.g. {tmp_path / 'out.wav'}" in capsys.readouterr().err
 
 
+def test_synthesize_cli_refuses_to_write_over_its_reference_clip(tmp_path, capsys):
+    # `--reference voice.wav --out voice.wav` replaced the user's recording with the synthesis.
+    from utilities import synthesize
+
+    clip = tmp_path / "voice.wav"
+    clip.write_bytes(b"RIFF the user's only recording of the voice")
+    for out in (str(clip), str(tmp_path / "sub" / ".." / "voice.wav")):
+        with pytest.raises(SystemExit) as exited:
+            synthesize.main(["--checkpoint", str(tmp_path / "no_run"), "--text", "Hello.", "--reference", str(clip),
+                             "--out", out])
+        assert exited.value.code == 2
+        assert f"--out {out} is a --reference clip" in capsys.readouterr().err
+    assert clip.read_bytes() == b"RIFF the user's only recording of the voice"
+
+
 def test_a_damaged_reference_clip_is_named_with_what_is_wrong_with_it(hello_synthesizer, tmp_path):
     """The message once ended in TensorFlow's "Graph execution error:" and left out the problem."""
     synthesizer, voice = hello_synthesizer

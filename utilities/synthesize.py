@@ -60,6 +60,9 @@ def main(argv=None) -> int:
 
     if problem := file_problem(args.out, "--out", "out.wav"):
         p.error(problem)  # now, not after the model has spoken
+    if any(Path(args.out).resolve() == Path(clip).resolve() for clip in args.reference):
+        p.error(f"--out {args.out} is a --reference clip: the speech would be written over that recording; "
+                "give another --out")
     from myxtts.startup_noise import quiet_tensorflow
 
     quiet_tensorflow()
