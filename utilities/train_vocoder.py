@@ -53,6 +53,12 @@ import warnings
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+BACKUP = "backup"  # OUTPUT/backup: Keras' BackupAndRestore folder
+
+
+def holds_backup(backup: Path) -> bool:
+    """Whether `backup` holds an interrupted run (Keras writes its weights there as latest.weights.h5)."""
+    return (backup / "latest.weights.h5").exists()
 
 
 def main(argv=None) -> int:
@@ -157,7 +163,7 @@ def replaced_vocoder(out: Path, init_from: str | None) -> str | None:
     """Why training into `out` would replace a vocoder already trained there at its end, or None."""
     from myxtts.models.vocoder import is_vocoder_folder
 
-    if not is_vocoder_folder(out) or (out / "backup" / "latest.weights.h5").exists():
+    if not is_vocoder_folder(out) or holds_backup(out / BACKUP):
         return None  # nothing saved there yet, or an interrupted run to continue
     if init_from and Path(init_from).resolve() == out.resolve():
         return None  # continued in place: replaced by its own continuation, once that is saved
@@ -265,7 +271,7 @@ def train(args, machine, out: Path) -> int:
     with distribute.training_scope(strategy):  # every variable, mirrored on each GPU with several
         trainer, jit_compile = build_trainer(args, config, policy, strategy)
     vocoder = trainer.vocoder
-    check_backup(out / "backup", {"size": vocoder.size, "phase_prior": vocoder.phase_prior, "discriminator": bool(args.adversarial_weight),
+    check_backup(out / BACKUP, {"size": vocoder.size, "phase_prior": vocoder.phase_prior, "discriminator": bool(args.adversarial_weight),
                                   "loss_scaling": policy == "mixed_float16", "accumulation": args.accumulation})
     critic = (f"; a spectrogram discriminator ({trainer.discriminator.count_params():,} parameters) at weight "
               f"{args.adversarial_weight}" if args.adversarial_weight else "")
@@ -282,7 +288,7 @@ def train(args, machine, out: Path) -> int:
         def on_train_begin(self, logs=None):  # after BackupAndRestore (listed first) restored the run
             self.first, self.started = optimizer_step(self.model), time.monotonic()
             if self.first:
-                print(f"resumed from {out / 'backup'} at update {self.first} of {args.steps}", flush=True)
+                print(f"resumed from {out / BACKUP} at update {self.first} of {args.steps}", flush=True)
 
         def on_epoch_end(self, epoch, logs=None):
             done = (epoch + 1) * interval
@@ -304,7 +310,7 @@ def train(args, machine, out: Path) -> int:
     # The first update's time (tracing, under XLA compiling, the input starting): on an H200 the first
     # progress line of an XLA run had not come 150 s in, with nothing said meanwhile (BENCHMARKS.md).
     # The backup outlives the run until the vocoder is saved (below): Keras would delete it as the run ends.
-    callbacks = [keras.callbacks.BackupAndRestore(str(out / "backup"), delete_checkpoint=False), Progress(),
+    callbacks = [keras.callbacks.BackupAndRestore(str(out / BACKUP), delete_checkpoint=False), Progress(),
                  CompileTimer(echo=lambda line: print(line, flush=True), xla=jit_compile),
                  keras.callbacks.TensorBoard(str(out / "logs"))]
     if val_rows:  # one validation clip's copy-synthesis, to listen to in TensorBoard as it trains
@@ -318,9 +324,9 @@ def train(args, machine, out: Path) -> int:
         save_vocoder(vocoder, out)
     except OSError as error:
         raise ValueError(f"could not save the vocoder in {out} ({error.strerror or error}); the trained weights are kept "
-                         f"in {out / 'backup'}: the same command, run again once that is mended, saves them without "
+                         f"in {out / BACKUP}: the same command, run again once that is mended, saves them without "
                          "training again") from None
-    shutil.rmtree(out / "backup", ignore_errors=True)  # saved: the backup has done its work
+    shutil.rmtree(out / BACKUP, ignore_errors=True)  # saved: the backup has done its work
     print(f"vocoder: {out}; trained in {time.monotonic() - started:.0f} s")
 
     if args.quality_clips and val_rows:
@@ -383,7 +389,7 @@ def check_backup(backup: Path, settings: dict) -> None:
     it wrongly. Says which settings differ; the backup is left as it is. Records `settings` beside a
     backup to come (removed with it once the vocoder is saved)."""
     recorded = backup / "settings.json"
-    if (backup / "latest.weights.h5").exists() and recorded.is_file():
+    if holds_backup(backup) and recorded.is_file():
         before = json.loads(recorded.read_text(encoding="utf-8"))
         differ = [f"{key}: backup {before.get(key)!r}, now {value!r}" for key, value in settings.items()
                   if before.get(key) != value]
