@@ -55,6 +55,7 @@ demo)
   # route: xla or graph forces it; auto leaves it to the hardware plan, as a user gets it
   route=${2:-xla}; limit=${3:-540}; xla=(--set training.enable_xla_compilation=true)
   [ "$route" = graph ] && xla=(--set training.enable_xla_compilation=false); [ "$route" = auto ] && xla=()
+  rm -rf "/root/runs/demo_$route"  # a rerun on a warm machine measures a new run, not a resumed or refused one
   smi=$(sample_gpu "$out/demo_${route}_gpu.csv")
   SECONDS=0
   timeout "$limit" python3 train_main.py --demo --output-dir "/root/runs/demo_$route" "${xla[@]}" > "$out/demo_$route.log" 2>&1
@@ -72,7 +73,7 @@ vocoder)
   limit=${2:-360}; [ -f demo_corpus/manifest.jsonl ] || python3 utilities/make_demo_corpus.py --quiet
   timeout 180 python3 utilities/benchmark_vocoder.py --train --sizes small,base --precisions float32,mixed_bfloat16 --xla \
     --repeats 20 2>&1 | grep -v "^W0\|ptxas\|^I0" | tee "$out/vocoder_step.txt"
-  smi=$(sample_gpu "$out/vocoder_gpu.csv"); SECONDS=0
+  rm -rf /root/runs/vocoder; smi=$(sample_gpu "$out/vocoder_gpu.csv"); SECONDS=0
   timeout "$limit" python3 utilities/train_vocoder.py --train-data demo_corpus --output-dir /root/runs/vocoder \
     --steps 3600 --quality-clips 0 > "$out/vocoder.log" 2>&1   # the GPU image has no DNSMOS or STOI packages
   echo "train_vocoder rc=$? after ${SECONDS}s"; kill "$smi" 2>/dev/null
@@ -91,7 +92,7 @@ lease)
   limit=$(( $(left) - 60 )); [ $limit -gt 430 ] && limit=430
   bash "$0" demo auto $limit
   if [ $(left) -gt 120 ]; then  # train_vocoder.py as a user runs it (XLA, bf16): its first update's compile
-    limit=$(( $(left) - 60 )); [ $limit -gt 200 ] && limit=200; SECONDS=0
+    limit=$(( $(left) - 60 )); [ $limit -gt 200 ] && limit=200; rm -rf /root/runs/vocoder_lease; SECONDS=0
     timeout $limit python3 utilities/train_vocoder.py --train-data demo_corpus --output-dir /root/runs/vocoder_lease \
       --steps 600 --quality-clips 0 > "$out/vocoder.log" 2>&1
     echo "train_vocoder rc=$? after ${SECONDS}s"
