@@ -14,6 +14,7 @@ import argparse
 import math
 import os
 import sys
+import time
 import warnings
 from pathlib import Path
 
@@ -129,6 +130,7 @@ def speak_demo_sample(workdir: Path, result) -> None:
 
 
 def main(argv=None) -> int:
+    started = time.perf_counter()  # the run's closing "time:" line counts the corpus and TensorFlow's start too
     args = parse_args(argv)
     # TensorFlow's C++ start-up chatter (CUDA probing, oneDNN notes) buries our own lines; errors still show.
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -168,7 +170,7 @@ def main(argv=None) -> int:
     resume = "require" if args.resume else "reset" if args.reset_training else "auto"
     try:
         with named_data_problems():  # a clip the pipeline's checks refuse: its one line (a ValueError)
-            result = train(config, workdir, resume=resume, epochs=args.epochs)
+            result = train(config, workdir, resume=resume, epochs=args.epochs, started=started)
     except (ConfigError, CheckpointError, OutOfMemory, RunFolderBusy, FileNotFoundError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

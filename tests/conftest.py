@@ -127,9 +127,10 @@ def trained_run(demo_corpus, unseen_voices_corpus, tmp_path_factory):
         keras.config.set_dtype_policy("float32")
         # Validation also speaks in two voices training never heard (evaluation/voices.py).
         unseen = (f"data.unseen_voices_data={unseen_voices_corpus}", "training.voice_sentences=1")
-        result = train(tiny_config(demo_corpus, *TRAINED_RUN, *unseen), folder / "run", echo=lambda message: None)
+        log = []
+        result = train(tiny_config(demo_corpus, *TRAINED_RUN, *unseen), folder / "run", echo=log.append)
         summary = {k: v for k, v in dataclasses.asdict(result).items() if k != "workdir"}
-        (folder / "result.json").write_text(json.dumps(summary, default=float), encoding="utf-8")
+        (folder / "result.json").write_text(json.dumps({**summary, "log": log}, default=float), encoding="utf-8")
 
     folder = build_once(tmp_path_factory, "trained_run", build)
     return folder / "run"
@@ -137,7 +138,7 @@ def trained_run(demo_corpus, unseen_voices_corpus, tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def trained_result(trained_run):
-    """The trained run's TrainResult fields (a dict), as `train()` returned them."""
+    """The trained run's TrainResult fields (a dict), as `train()` returned them, and `log`: its lines."""
     return json.loads((trained_run.parent / "result.json").read_text(encoding="utf-8"))
 
 

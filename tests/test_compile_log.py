@@ -45,3 +45,36 @@ def test_the_first_steps_compiling_one_shape_after_another_are_each_counted(monk
     # A run shorter than the warm-up still has its steps judged.
     timer, lines = _timed(monkeypatch, [12.0, 0.1, 3.0, 0.1], xla=True)
     assert timer.compile_seconds == [12.0, 3.0] and lines[-1].startswith("compiling: 2 batch shapes took 15 s")
+
+
+def test_the_run_clock_splits_a_run_into_its_parts(monkeypatch):
+    now = [0.0]
+    monkeypatch.setattr(compile_log.time, "perf_counter", lambda: now[0])
+    lines = []
+    timer = compile_log.CompileTimer(lines.append)
+    clock = compile_log.RunClock(timer, lines.append, started=0.0)
+    now[0] = 10.0
+    with clock.timed("at step 0"):  # the untrained model's validation, before fit
+        now[0] = 13.0
+    now[0] = 20.0  # the rest of the start: 17 s
+
+    def step(seconds):
+        clock.on_train_batch_begin(0)
+        timer.on_train_batch_begin(0)
+        now[0] += seconds
+        timer.on_train_batch_end(0)
+
+    step(5.0)  # the first step: compiling
+    for _ in range(12):
+        step(0.5)
+    now[0] += 1.0  # a checkpoint
+    clock.on_test_begin()
+    now[0] += 4.0  # Keras' validation pass
+    clock.on_test_end()
+    now[0] += 2.0  # the speech check
+    timer.on_train_end()
+    clock.on_train_end()
+
+    assert lines[-1] == ("time: 38 s in all: start-up 17 s, validation at step 0 3.0 s, compiling 5.0 s, "
+                         "training steps 6.0 s, validation 4.0 s, speech checks, checkpoints and logs 3.0 s")
+    assert compile_log._seconds(612.4) == "10 min 12 s" and compile_log._seconds(59.4) == "59 s"

@@ -2,6 +2,7 @@
 
 import dataclasses
 import math
+import re
 import types
 from pathlib import Path
 
@@ -294,6 +295,24 @@ def test_end_to_end_resume_and_no_recompilation(demo_corpus, trained_run, traine
     for name, value in straight_ckpt.items():
         np.testing.assert_allclose(split_ckpt[name], value, atol=1e-5, err_msg=name)
 
+
+
+def test_a_run_ends_by_saying_where_its_time_went(trained_result):
+    # The shared run: 6 updates, validated at step 0 (before fit), 3 and 6, a checkpoint at 3 and 6.
+    def seconds(text):
+        minutes, _, rest = text.rpartition(" min ")
+        return 60 * int(minutes or 0) + float(rest.removesuffix(" s"))
+
+    lines = [line for line in trained_result["log"] if line.startswith("time: ")]
+    assert len(lines) == 1, trained_result["log"]
+    total, _, parts = lines[0].removeprefix("time: ").partition(" in all: ")
+    named = {name: seconds(value) for name, value in
+             re.findall(r"([a-z][a-z0-9 ,-]*?) ((?:\d+ min )?[\d.]+ s)(?:, |$)", parts)}
+    assert list(named) == ["start-up", "validation at step 0", "compiling", "training steps", "validation",
+                           "speech checks, checkpoints and logs"], lines[0]
+    assert all(value > 0 for value in named.values()), lines[0]
+    # The parts are the whole run, each rounded to 0.05-0.5 s.
+    assert abs(sum(named.values()) - seconds(total)) <= 1.5, lines[0]
 
 
 @pytest.mark.slow

@@ -60,7 +60,7 @@ demo)
   SECONDS=0
   timeout "$limit" python3 train_main.py --demo --output-dir "/root/runs/demo_$route" "${xla[@]}" > "$out/demo_$route.log" 2>&1
   echo "demo ($route) rc=$? after ${SECONDS}s"; kill "$smi" 2>/dev/null
-  grep -vE "ptxas|^W0|^I0" "$out/demo_$route.log" | grep -E "^(step|hardware|plan|probe|compile|data|val|train|saved|done|alignment loops|input route)|WER|rror|took|compil" | tail -40
+  grep -vE "ptxas|^W0|^I0" "$out/demo_$route.log" | grep -E "^(step|hardware|plan|probe|compile|data|val|train|saved|done|alignment loops|input route|time:)|WER|rror|took|compil" | tail -40
   awk -F', ' '{gsub(/ %/,"",$2); if ($2+0 > 0) {n++; s+=$2}} END {if (n) printf "GPU busy: mean %.0f%% over %d busy seconds\n", s/n, n}' "$out/demo_${route}_gpu.csv"
   ;;
 diagnose)

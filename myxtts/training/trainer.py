@@ -18,6 +18,7 @@ import contextlib
 import dataclasses
 import math
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,7 +35,7 @@ from myxtts.output_paths import folder_problem
 from myxtts.training.callbacks import (CheckpointSaver, NonFiniteGuard, ProgressLogger, SpeechCheck, StopAtStep,
                                        ValidationSchedule, console_echo, optimizer_step)
 from myxtts.training import distribute
-from myxtts.training.compile_log import CompileTimer
+from myxtts.training.compile_log import CompileTimer, RunClock
 from myxtts.training.checkpoint_fallback import CheckpointRefused, CheckpointsDamaged, restore_newest
 from myxtts.training.checkpoints import Checkpoints, CheckpointError, DiskFull, is_disk_full
 from myxtts.training.init_from import InitSource, initialize_from
@@ -59,8 +60,10 @@ class TrainResult:
     gradient_accumulation_steps: int
 
 
-def train(config: Config, workdir: str | Path, *, resume: str = "auto", epochs: float | None = None, echo=console_echo) -> TrainResult:
+def train(config: Config, workdir: str | Path, *, resume: str = "auto", epochs: float | None = None, echo=console_echo,
+          started: float | None = None) -> TrainResult:
     """Train (or resume) in `workdir`. `resume`: "auto" (if a checkpoint exists), "require", "reset".
+    `started`: the `time.perf_counter()` the log's closing "time:" line counts from (default: now).
 
     `epochs`, when given, replaces training.max_steps by that many passes over the training set.
     Out of GPU memory with an automatic batch size, the micro-batch is halved and accumulation
@@ -72,6 +75,7 @@ def train(config: Config, workdir: str | Path, *, resume: str = "auto", epochs: 
     A folder another training is using stops the run before anything is read or written
     (`run_lock.RunFolderBusy`, naming that training's pid).
     """
+    started = time.perf_counter() if started is None else started
     workdir = Path(workdir)
     if problem := folder_problem(workdir, "the run folder (--output-dir)"):
         raise ValueError(problem)
@@ -83,10 +87,11 @@ def train(config: Config, workdir: str | Path, *, resume: str = "auto", epochs: 
             held.enter_context(run_folder_lock(workdir, echo))
             if resume == "reset":
                 reset_run(workdir, echo)
-        return _train(config, workdir, resume, epochs, echo, held)
+        return _train(config, workdir, resume, epochs, echo, held, started)
 
 
-def _train(config: Config, workdir: Path, resume: str, epochs: float | None, echo, held: contextlib.ExitStack) -> TrainResult:
+def _train(config: Config, workdir: Path, resume: str, epochs: float | None, echo, held: contextlib.ExitStack,
+           started: float) -> TrainResult:
     """`train` once the run folder is locked; `held` keeps the locks (a worker's own folder's too) to the end."""
     automatic_batch = config.data.batch_size == 0
     if config.data.text_frontend == "phonemes":
@@ -119,7 +124,7 @@ def _train(config: Config, workdir: Path, resume: str, epochs: float | None, ech
 
     while True:
         try:
-            return _fit(config, policy, strategy, workdir, text, source, echo)
+            return _fit(config, policy, strategy, workdir, text, source, echo, started)
         except tf.errors.ResourceExhaustedError as error:
             if is_disk_full(error):  # TensorFlow's status for ENOSPC too (a cache or log file; checkpoints say it themselves)
                 raise DiskFull(f"the disk is full, not the memory: {str(error).strip().splitlines()[0][:400]}. Free space "
@@ -159,7 +164,7 @@ def _is_chief_by_environment() -> bool:
 
 
 def _fit(config: Config, policy: str, strategy, workdir: Path, text: RunText, source: InitSource | None,
-         echo) -> TrainResult:
+         echo, started: float) -> TrainResult:
     """One attempt: build model and optimizer for the config's batch, restore (or initialize), and only
     then write to the run folder, build the datasets and fit."""
     t, d = config.training, config.data
@@ -214,9 +219,11 @@ def _fit(config: Config, policy: str, strategy, workdir: Path, text: RunText, so
     guard = NonFiniteGuard(t.max_nonfinite_steps, echo)
     saver = CheckpointSaver(checkpoints, t.checkpoint_interval, echo, guard)
     per_call = max(t.steps_per_execution, 1)
+    compile_timer = CompileTimer(echo, xla=bool(model.jit_compile))
+    clock = RunClock(compile_timer, echo, started)
     callbacks = [
         StopAtStep(t.max_steps),
-        CompileTimer(echo, xla=bool(model.jit_compile)),
+        compile_timer,
         guard,
         progress,
         saver,
@@ -229,6 +236,7 @@ def _fit(config: Config, policy: str, strategy, workdir: Path, text: RunText, so
     speech_check = _speech_check(config, network, text.train_rows, text.val_rows, text.vocabulary, workdir, echo)
     if speech_check is not None:
         callbacks.insert(0, speech_check)  # val_wer must be in the logs before they are printed and saved
+    callbacks.append(clock)  # last: its closing line counts the saver's final save
     # Keras counts micro-batches, and ends an epoch only after a whole call of steps_per_execution of
     # them (an epoch of 10 runs 12 at 4 per call). So an epoch is one validation interval with one
     # micro-batch per call, and one call otherwise, validating when a call crosses an interval.
@@ -236,7 +244,8 @@ def _fit(config: Config, policy: str, strategy, workdir: Path, text: RunText, so
     validation = {}
     if start_step == 0 and val_ds is not None:
         # The untrained model's validation losses: the baseline every later value is judged against.
-        initial = model.evaluate(val_ds, verbose=0, return_dict=True)
+        with clock.timed("at step 0"):
+            initial = model.evaluate(val_ds, verbose=0, return_dict=True)
         progress.record_validation(0, initial)
     if start_step < t.max_steps:
         history = model.fit(
