@@ -3,6 +3,7 @@ makes, the cache, and utilities/capacity_plan.py on top of it."""
 
 import dataclasses
 import importlib.util
+import re
 from pathlib import Path
 
 import pytest
@@ -25,7 +26,10 @@ def calibrated(demo_corpus, tmp_path_factory):
     cache = CapacityCache(tmp_path_factory.mktemp("capacity"))
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(calibration, "MIN_EPOCHS", 3)  # the test's time; the error bound is not what is tested
-        record = host_calibration(config, cache=cache, seconds=0.0)
+        lines = []
+        record = host_calibration(config, cache=cache, seconds=0.0, progress=lines.append)
+    # The last line says where the record went and how long the calibration took (a first GPU run waits on it).
+    assert re.fullmatch(r"host calibration saved to .* \(took \d+ s, once per corpus, settings and CPU\)", lines[-1]), lines
     return config, cache, record
 
 

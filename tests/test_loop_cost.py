@@ -17,7 +17,8 @@ def test_the_loops_are_timed_once_per_gpu_model_and_setting_then_read_from_the_c
     assert 1e-7 < cost.seconds_per_frame < 1e-2
     assert cost.source.startswith("measured on Test GPU") and "1 frames per iteration, graph" in cost.source
     assert any("timing them on Test GPU" in line for line in lines)
-    assert any(f"{cost.seconds_per_frame * 1e6:.1f} us per loop frame" in line for line in lines)
+    assert any(f"{cost.seconds_per_frame * 1e6:.1f} us per loop frame on Test GPU (timed in " in line
+               and line.endswith(" s, once per GPU model)") for line in lines), lines
 
     timed = []
     monkeypatch.setattr(alignment_timing, "time_loop_frames",

@@ -134,11 +134,13 @@ def startup_loop_cost(device: str, loops: alignment.AlignmentLoops, *, jit_compi
     batch, frames, tokens = TIMING_SHAPE
     progress(f"alignment loops: timing them on {device} (once per GPU model: "
              f"[{batch}, {frames}, {tokens}], {loops.frames_per_iteration} frames per iteration)")
+    began = time.perf_counter()
     seconds, first_s = time_loop_frames(loops, jit_compile=jit_compile)
     cost = LoopCost(seconds, f"measured on {device} at the start of a run on {time.strftime('%Y-%m-%d')}: "
                              f"forward-sum + gradient and Viterbi on [{batch}, {frames}, {tokens}] scores, "
                              f"{loops.frames_per_iteration} frames per iteration, {'XLA' if jit_compile else 'graph'}, "
                              f"median of 5 (first call {first_s:.1f} s); cached in {cache.path_for(key)}")
     cache.store(key, cost)
-    progress(f"alignment loops: {seconds * 1e6:.1f} us per loop frame on {device}")
+    progress(f"alignment loops: {seconds * 1e6:.1f} us per loop frame on {device} (timed in "
+             f"{time.perf_counter() - began:.0f} s, once per GPU model)")
     return cost

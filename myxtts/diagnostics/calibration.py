@@ -117,6 +117,7 @@ def calibrate(config: Config, rows: list[Utterance], vocabulary: Vocabulary, *, 
             progress(f"host calibration from the cache: {cache.path_for(key)} ({cached.created_utc})")
             return cached
 
+    began = time.perf_counter()
     parallel = usable_cores()
     load_before = os.getloadavg()[0]
     routes, lengths = {}, None
@@ -151,7 +152,7 @@ def calibrate(config: Config, rows: list[Utterance], vocabulary: Vocabulary, *, 
         models=model_costs(config, frames, tokens, len(vocabulary)),
     )
     path = cache.store(record)
-    progress(f"host calibration saved to {path}")
+    progress(f"host calibration saved to {path} (took {time.perf_counter() - began:.0f} s, once per corpus, settings and CPU)")
     return record
 
 
