@@ -133,3 +133,30 @@ def test_the_speech_measure_speaks_each_sentence_once_in_batches_heard_or_not(tr
         assert len(report.mels) == 10 and all(np.allclose(a, b, atol=1e-5) for a, b in zip(report.mels, at_once))
         ratios = [len(m) / n for m, n in zip(at_once, sentences.recorded_frames)]
         assert report.length_ratio == pytest.approx(float(np.median(ratios)))
+
+
+def test_a_held_out_synthesis_is_cut_at_three_times_its_recordings_length(trained_run, monkeypatch):
+    # A model after two updates (the default config) spoke its sentences ~20 times their recordings' length (its
+    # duration predictor not trained yet), and the vocoder, recognizer and speaker encoder of that
+    # validation worked through all of it (decoding 211 s of audio for 2 sentences). Here the shared
+    # run's durations are stretched 30 times to the same effect.
+    import functools
+    import math
+
+    from myxtts.data.splits import load_splits
+    from myxtts.evaluation import speech
+
+    synthesizer = Synthesizer.from_run(trained_run)
+    train_rows, _ = load_splits(synthesizer.config)
+    sentences = speech.HeldOutSentences.from_rows(train_rows[:10], train_rows, synthesizer.vocabulary, synthesizer.config)
+    monkeypatch.setattr(speech, "generate", functools.partial(speech.generate, duration_scale=30.0))
+    capped = [len(m) for m in sentences.synthesize(synthesizer.network)]
+    with monkeypatch.context() as patch:
+        patch.setattr(speech, "LENGTH_CAP", 1e6)
+        uncapped = [len(m) for m in sentences.synthesize(synthesizer.network)]
+    caps = [math.ceil(speech.LENGTH_CAP * n) for n in sentences.recorded_frames]
+    assert min(n / r for n, r in zip(uncapped, sentences.recorded_frames)) > speech.LENGTH_CAP  # the cap binds
+    assert capped == caps
+    # ... and the log says so where it gives the ratio.
+    ratio = float(np.median([n / r for n, r in zip(capped, sentences.recorded_frames)]))
+    assert "the cap" in speech.cap_note(ratio) and speech.cap_note(1.0) == ""

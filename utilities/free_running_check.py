@@ -76,7 +76,7 @@ def main(argv=None) -> int:
     import numpy as np
 
     from myxtts.evaluation.intelligibility import IntelligibilityScorer, default_workers, skip_reason
-    from myxtts.evaluation.speech import HeldOutSentences, alignment_errors, recordings_wer
+    from myxtts.evaluation.speech import HeldOutSentences, alignment_errors, cap_note, recordings_wer
     from myxtts.models.vocoder import VocoderMismatch
     from myxtts.synthesis import GRIFFIN_LIM, Synthesizer
     from myxtts.training.checkpoints import CheckpointError
@@ -140,7 +140,8 @@ def main(argv=None) -> int:
         report.update(wer=spoken.wer, recordings_wer=ceiling.wer,
                       per_sentence=[{"text": r.reference, "heard": r.hypothesis, "errors": r.errors, "words": r.words}
                                     for r in spoken.rows])
-    print(f"length: synthesis / recording median {np.median(ratios):.2f} (range {min(ratios):.2f}-{max(ratios):.2f})")
+    print(f"length: synthesis / recording median {np.median(ratios):.2f} (range {min(ratios):.2f}-{max(ratios):.2f})"
+          f"{cap_note(max(ratios))}")
     report.update(length_ratio_median=float(np.median(ratios)), length_ratio_min=float(min(ratios)),
                   length_ratio_max=float(max(ratios)))
 

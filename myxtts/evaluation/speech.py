@@ -9,6 +9,9 @@ recording) in its own speaker's voice, with another clip of that speaker as the 
 as a user would synthesize it. The audio goes through the same vocoder as `utilities/synthesize.py`
 (the neural vocoder passed in, else Griffin-Lim), then through the recognizer (`intelligibility.py`).
 The recordings' own WER through the same vocoder is the ceiling to read it against (`recordings_wer`).
+A synthesis is cut at `LENGTH_CAP` times its recording's length: an untrained model's durations run
+to ~20 times it, and the vocoder, the recognizer and the speaker encoder would spend that much longer
+on audio that says nothing; a model that speaks lands near 1 (0.96-0.98 for the 2,800-update runs of BENCHMARKS.md).
 
 `alignment_errors` measures the learned alignment itself where ground truth exists (the demo
 corpus's espeak-ng phoneme timings): where the model's aligner puts each phoneme's start, against
@@ -37,12 +40,19 @@ from myxtts.progress import ProgressLine
 
 # Sentences synthesized per call: a batch pads to its longest text and frame count.
 _BATCH = 8
+# A synthesis is cut at this many times its recording's frames (length_ratio is at most this).
+LENGTH_CAP = 3.0
+
+
+def cap_note(ratio: float) -> str:
+    """What to add after a length ratio that reached `LENGTH_CAP`: the durations ran longer still."""
+    return f" (the cap: a synthesis is cut at x{LENGTH_CAP:g} its recording)" if ratio >= LENGTH_CAP else ""
 
 
 @dataclass
 class SpeechReport:
     wer: float | None  # None when the language is not measured (summary says why)
-    length_ratio: float  # median of synthesized / recorded (trimmed) length
+    length_ratio: float  # median of synthesized / recorded (trimmed) length, at most LENGTH_CAP
     rows: list = field(default_factory=list)  # intelligibility rows: reference, hypothesis, errors
     seconds: float = 0.0  # wall time of synthesis + vocoder + recognition
     summary: str = ""
@@ -103,14 +113,15 @@ class HeldOutSentences:
             rows = chosen[start:start + _BATCH]
             tokens = self.tokens[rows]
             tokens = tokens[:, : int((tokens != PAD_ID).sum(axis=1).max())]
+            caps = [max(math.ceil(LENGTH_CAP * self.recorded_frames[i]), 1) for i in rows]
             if voices is not None:
-                mel, length = generate(network, tokens, voice=tf.gather(voices, rows))
+                mel, length = generate(network, tokens, voice=tf.gather(voices, rows), max_frames=max(caps))
             elif self.extra_references is None:
                 mel, length = generate(network, tokens, tf.gather(self.reference_mel, rows),
-                                       tf.gather(self.reference_length, rows))
+                                       tf.gather(self.reference_length, rows), max_frames=max(caps))
             else:
-                mel, length = generate(network, tokens, voice=self._averaged_voices(network, rows))
-            mels += [m[:n] for m, n in zip(mel.numpy(), length.numpy())]
+                mel, length = generate(network, tokens, voice=self._averaged_voices(network, rows), max_frames=max(caps))
+            mels += [m[:min(n, cap)] for m, n, cap in zip(mel.numpy(), length.numpy(), caps)]
         return mels
 
     def _averaged_voices(self, network, rows: list[int]) -> tf.Tensor:

@@ -324,12 +324,14 @@ class SpeechCheck(keras.callbacks.Callback):
         if logs is None or not any(key.startswith("val_") for key in logs):
             return  # no validation this time (the run was interrupted): nothing to pair the sample with
         if self.scorer is not None:
+            from myxtts.evaluation.speech import cap_note
+
             report = self.sentences.measure(self.network, self.scorer)
             if report.wer is not None:
                 logs["val_wer"] = report.wer
             logs["val_length_ratio"] = report.length_ratio
             self.echo(f"held-out sentences spoken from text: {report.summary}, length x{report.length_ratio:.2f} "
-                      f"of the recordings ({report.seconds:.0f} s)")
+                      f"of the recordings{cap_note(report.length_ratio)} ({report.seconds:.0f} s)")
             first = report.mels[0]
         else:
             first = self.sentences.synthesize(self.network, only=[0])[0]
