@@ -11,7 +11,7 @@ as a user would synthesize it. The audio goes through the same vocoder as `utili
 The recordings' own WER through the same vocoder is the ceiling to read it against (`recordings_wer`).
 A synthesis is cut at `LENGTH_CAP` times its recording's length: an untrained model's durations run
 to ~20 times it, and the vocoder, the recognizer and the speaker encoder would spend that much longer
-on audio that says nothing; a model that speaks lands near 1 (0.96-0.98 for the 2,800-update runs of BENCHMARKS.md).
+on audio that says nothing; a model that speaks lands near 1 (0.96-0.98 in BENCHMARKS.md's runs).
 
 `alignment_errors` measures the learned alignment itself where ground truth exists (the demo
 corpus's espeak-ng phoneme timings): where the model's aligner puts each phoneme's start, against
