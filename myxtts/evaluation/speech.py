@@ -114,13 +114,14 @@ class HeldOutSentences:
             tokens = self.tokens[rows]
             tokens = tokens[:, : int((tokens != PAD_ID).sum(axis=1).max())]
             caps = [max(math.ceil(LENGTH_CAP * self.recorded_frames[i]), 1) for i in rows]
+            limit = max(caps)
             if voices is not None:
-                mel, length = generate(network, tokens, voice=tf.gather(voices, rows), max_frames=max(caps))
+                mel, length = generate(network, tokens, voice=tf.gather(voices, rows), max_frames=limit)
             elif self.extra_references is None:
                 mel, length = generate(network, tokens, tf.gather(self.reference_mel, rows),
-                                       tf.gather(self.reference_length, rows), max_frames=max(caps))
+                                       tf.gather(self.reference_length, rows), max_frames=limit)
             else:
-                mel, length = generate(network, tokens, voice=self._averaged_voices(network, rows), max_frames=max(caps))
+                mel, length = generate(network, tokens, voice=self._averaged_voices(network, rows), max_frames=limit)
             mels += [m[:min(n, cap)] for m, n, cap in zip(mel.numpy(), length.numpy(), caps)]
         return mels
 
