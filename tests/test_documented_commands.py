@@ -82,3 +82,13 @@ def test_every_command_of_the_readme_takes_its_options():
     tools = {tool for tool, _, _ in found}
     assert {"train_main.py", "utilities/synthesize.py", "utilities/export_model.py"} <= tools, tools
     check_commands(found, text)
+
+
+def test_the_pause_synthesize_help_states_is_the_one_it_makes():
+    # --help starts no TensorFlow, so it states the pause between sentences as a literal.
+    from myxtts.synthesis import SENTENCE_PAUSE_S
+
+    done = subprocess.run([sys.executable, str(ROOT / "utilities" / "synthesize.py"), "--help"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    stated = re.search(r"([\d.]+) s\s+apart", done.stdout)
+    assert stated and float(stated.group(1)) == SENTENCE_PAUSE_S, done.stdout
