@@ -10,7 +10,8 @@ offline recognizer (pocketsphinx, with a language model of the corpus's own sent
 
 - the word error rate of the syntheses, beside the recordings' own WER through the same log-mel
   and vocoder (the ceiling: what the recognizer makes of perfect features), per sentence too;
-- the length of each synthesis against its recording's (trimmed) length;
+- the length of each synthesis against its recording's (trimmed) length (a synthesis is cut at 3 times it:
+  an untrained model's durations run far longer, and the cap says so);
 - where the demo corpus's espeak-ng phoneme timings exist: how far the model's learned alignment
   puts each phoneme's start from where espeak-ng started it (median and 90th percentile, ms);
 - with --unseen-voices CORPUS (default: the run's data.unseen_voices_data): sentences spoken in
