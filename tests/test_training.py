@@ -538,6 +538,33 @@ def _snapshot(folder):
             for p in sorted(folder.rglob("*"))}
 
 
+def test_a_reset_whose_new_run_cannot_start_leaves_the_old_run_as_it_was(demo_corpus, trained_run, tmp_path):
+    # --reset-training deleted the run's checkpoints and vocab.txt at once; a mistyped --train-data
+    # then stopped the new run, and the trained one was gone for nothing.
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(trained_run, run)
+    before = _snapshot(run)
+    messages = []
+    with pytest.raises(FileNotFoundError, match="missing_corpus"):
+        train(_config(tmp_path / "missing_corpus", "training.max_steps=1"), run, resume="reset", echo=messages.append)
+    assert _snapshot(run) == before, messages
+    assert any("set aside" in m for m in messages) and any("are back in" in m for m in messages), messages
+
+    # A reset whose run was killed before it wrote (the old run still set aside): the next start
+    # without --reset-training puts it back and resumes it.
+    from myxtts.training.run_folder import RESET_ASIDE
+
+    (run / RESET_ASIDE).mkdir()
+    for name in ("checkpoints", "vocab.txt"):
+        (run / name).rename(run / RESET_ASIDE / name)
+    messages.clear()
+    resumed = train(_config(demo_corpus, *TRAINED_RUN), run, echo=messages.append)
+    assert resumed.step == 6 and not (run / RESET_ASIDE).exists()
+    assert any("are back in" in m for m in messages), messages
+
+
 def test_fine_tuning_keeps_the_rows_of_shared_tokens_and_starts_new_ones_fresh(tiny_run, setup):
     from myxtts.data.text import Vocabulary
     from myxtts.training.checkpoints import CheckpointMismatch, named_weights, stored_weights

@@ -7,9 +7,10 @@
     <run>/phonemes.json  transcripts phonemized before (saves espeak-ng the work on a resume)
     <run>/config.yaml    the resolved config of the last start
 
-A run resumes with its own vocabulary, or stops (`prepare_text`); `--reset-training` deletes what
-ties the folder to the old run (`reset_run`); nothing here writes until `RunText.save`, which the
-trainer calls only once the folder's checkpoint, if any, has been restored.
+A run resumes with its own vocabulary, or stops (`prepare_text`); `--reset-training` sets aside what
+ties the folder to the old run (`reset_run`) and deletes it once the new run writes (`finish_reset`),
+or puts it back if the new run never gets that far (`undo_reset`); nothing here writes until
+`RunText.save`, which the trainer calls only once the folder's checkpoint, if any, has been restored.
 """
 
 from __future__ import annotations
@@ -38,17 +39,59 @@ def has_checkpoint(workdir: Path) -> bool:
     return bool(candidates(workdir / "checkpoints"))
 
 
+# What ties a run folder to its run, and where --reset-training keeps it until the new run writes.
+RUN_STATE = ("checkpoints", VOCABULARY_FILE, PHONEMES_CACHE)
+RESET_ASIDE = "reset-pending"
+
+
 def reset_run(workdir: Path, echo=console_echo) -> None:
-    """--reset-training: delete what ties the folder to the old run: its checkpoints, its vocabulary
-    (new data may hold new tokens) and its phonemes cache."""
-    for path in (workdir / "checkpoints", workdir / VOCABULARY_FILE, workdir / PHONEMES_CACHE):
-        if path.is_dir():
-            shutil.rmtree(path)
-        elif path.exists():
-            path.unlink()
-        else:
-            continue
-        echo(f"--reset-training: removed {path}")
+    """--reset-training: set aside what ties the folder to the old run (its checkpoints, its vocabulary:
+    new data may hold new tokens, and its phonemes cache) in `RESET_ASIDE`. Deleted at once, they were
+    lost to a new run that then stopped on a mistyped corpus path or a bad setting."""
+    aside = workdir / RESET_ASIDE
+    for name in RUN_STATE:
+        path = workdir / name
+        if path.exists():
+            aside.mkdir(exist_ok=True)
+            _remove(aside / name)  # an earlier reset's, which that run's start confirmed or undid
+            path.rename(aside / name)
+            echo(f"--reset-training: {path} set aside until the new run starts (in {aside})")
+
+
+def finish_reset(workdir: Path, echo=console_echo) -> None:
+    """The new run is about to write: what `reset_run` set aside goes for good."""
+    aside = workdir / RESET_ASIDE
+    if aside.exists():
+        for path in sorted(aside.iterdir()):
+            echo(f"--reset-training: removed {workdir / path.name}")
+        shutil.rmtree(aside)
+
+
+def undo_reset(workdir: Path, echo=console_echo) -> None:
+    """The new run stopped before writing (or an earlier one was killed then): the old run's state
+    goes back where it was, and the folder resumes as before the reset."""
+    aside = workdir / RESET_ASIDE
+    if not aside.exists():
+        return
+    back = []
+    for path in sorted(aside.iterdir()):
+        target = workdir / path.name
+        if target.is_dir() and not any(target.iterdir()):
+            target.rmdir()
+        if not target.exists():
+            path.rename(target)
+            back.append(path.name)
+    if not any(aside.iterdir()):
+        aside.rmdir()
+    if back:
+        echo(f"--reset-training: the new run did not start, so the old run's {', '.join(back)} are back in {workdir}")
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir():
+        shutil.rmtree(path)
+    elif path.exists():
+        path.unlink()
 
 
 @dataclass

@@ -39,7 +39,7 @@ from myxtts.training.compile_log import CompileTimer, RunClock
 from myxtts.training.checkpoint_fallback import CheckpointRefused, CheckpointsDamaged, restore_newest
 from myxtts.training.checkpoints import Checkpoints, CheckpointError, DiskFull, is_disk_full
 from myxtts.training.init_from import InitSource, initialize_from
-from myxtts.training.run_folder import WAYS_OUT, RunText, reset_run, settings_changed
+from myxtts.training.run_folder import WAYS_OUT, RunText, finish_reset, reset_run, settings_changed, undo_reset
 from myxtts.training.run_lock import run_folder_lock
 from myxtts.training.run_setup import batch_plan_of, prepare_run, resolve_plan, starting_point
 from myxtts.training.service_watchdog import watchdog_for
@@ -83,11 +83,19 @@ def train(config: Config, workdir: str | Path, *, resume: str = "auto", epochs: 
     with contextlib.ExitStack() as held:
         # The lock comes first: a second training in the folder stops before it writes, or with
         # --reset-training deletes, anything. Other workers of a cluster lock their own folder below.
-        if _is_chief_by_environment():
+        chief = _is_chief_by_environment()
+        if chief:
             held.enter_context(run_folder_lock(workdir, echo))
             if resume == "reset":
                 reset_run(workdir, echo)
-        return _train(config, workdir, resume, epochs, echo, held, started)
+            else:
+                undo_reset(workdir, echo)  # a reset whose run was killed before it wrote: the old run is back
+        try:
+            return _train(config, workdir, resume, epochs, echo, held, started)
+        except BaseException:
+            if chief:
+                undo_reset(workdir, echo)  # nothing, once the new run has written (finish_reset)
+            raise
 
 
 def _train(config: Config, workdir: Path, resume: str, epochs: float | None, echo, held: contextlib.ExitStack,
@@ -178,6 +186,7 @@ def _fit(config: Config, policy: str, strategy, workdir: Path, text: RunText, so
     checkpoints = Checkpoints(workdir / "checkpoints", network, optimizer, t.optimizer, yaml.safe_dump(config_lib.to_dict(config)))
     start_step = _restore_or_initialize(checkpoints, model, config, workdir, source, text, strategy, echo)
     # The folder is this run's: from here on it may be written.
+    finish_reset(workdir, echo)
     text.save(workdir)
     config_lib.save_config(config, workdir / "config.yaml")
     if start_step >= t.max_steps:
