@@ -41,7 +41,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     steps.add_argument("--epochs", type=positive_epochs, help="passes over the training set (> 0, fractions allowed), converted to training.max_steps")
     again = p.add_mutually_exclusive_group()
     again.add_argument("--resume", action="store_true", help="resume from the run folder's latest checkpoint; error if there is none (re-running without flags also resumes when one exists)")
-    again.add_argument("--reset-training", action="store_true", help="delete the run folder's checkpoints, vocab.txt and phonemes cache and start from scratch")
+    again.add_argument("--reset-training", action="store_true", help="start from scratch: the run folder's checkpoints, vocab.txt and phonemes cache are deleted once the new run starts (kept if it stops before)")
     p.add_argument("--init-from", metavar="RUN_OR_CHECKPOINT", help="fine-tune: start this run from another run's weights (a run folder or "
                    "checkpoint prefix) with a new optimizer at step 0; tokens new to its vocabulary are added (training.init_from)")
     p.add_argument("--enable-eager-debug", action="store_true", help="run the step eagerly, without tf.function or XLA (slow; for debugging)")
