@@ -82,10 +82,9 @@ class RunClock(keras.callbacks.Callback):
     logs). On a GPU the budget of a whole run is spent in these, and the step log shows only the steps.
     Placed after the checkpoint saver, its last line also counts the final save."""
 
-    def __init__(self, timer: CompileTimer, echo=print, started: float | None = None):
+    def __init__(self, timer: CompileTimer, echo, started: float):
         super().__init__()
-        self.timer, self.echo = timer, echo
-        self.started = time.perf_counter() if started is None else started
+        self.timer, self.echo, self.started = timer, echo, started
         self.before: dict[str, float] = {}  # named spans before the first step, not start-up
         self.first_step_at = None
         self.validation = 0.0

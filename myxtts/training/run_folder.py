@@ -53,7 +53,7 @@ def reset_run(workdir: Path, echo=console_echo) -> None:
         path = workdir / name
         if path.exists():
             aside.mkdir(exist_ok=True)
-            _remove(aside / name)  # an earlier reset's, which that run's start confirmed or undid
+            _remove(aside / name)  # an older copy that could not go back (the folder had its own again)
             path.rename(aside / name)
             echo(f"--reset-training: {path} set aside until the new run starts (in {aside})")
 
