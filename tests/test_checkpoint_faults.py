@@ -296,3 +296,40 @@ def test_a_run_whose_newest_checkpoint_is_truncated_resumes_from_the_newest_that
     assert result.step == 7 and result.history[0]["step"] == intact.step + 1
     assert (run / "checkpoints" / "damaged" / "latest-ckpt-6").is_dir()
     assert damage(str(run / "checkpoints" / "latest" / "ckpt-7")) is None
+
+
+# --- 7. A resumed run keeps its best checkpoints until a validation beats them ----------------------
+
+def test_a_resumed_run_keeps_its_best_checkpoints_until_a_validation_beats_them(setup, tmp_path):
+    """One best_* checkpoint is kept; the saver of a resumed run (or of the out-of-memory back-off)
+    started its best at infinity, so the first validation after a resume replaced a better one."""
+    from myxtts.training.callbacks import CheckpointSaver
+
+    model, messages = _model(setup, 1), []
+    checkpoints = _checkpoints(tmp_path, model)
+
+    def run(validation, logs):
+        """A run that updates once and validates once (its `fit`, as the saver sees it)."""
+        saver = CheckpointSaver(checkpoints, interval=1000, echo=messages.append, validation=validation)
+        saver.set_model(model)
+        saver.on_train_begin()
+        _apply_gradients(model)
+        saver.on_epoch_end(0, logs)
+        saver.on_train_end()
+
+    def kept(kind):
+        path = checkpoints.latest_path(kind)
+        return int(path.rsplit("-", 1)[1]), read_meta(path)
+
+    run("clips A", {"val_mel_loss": 2.0, "val_wer": 0.30})
+    assert kept("best_mel")[0] == 1 and kept("best_wer")[0] == 1
+    run("clips A", {"val_mel_loss": 3.0, "val_wer": 0.20})  # resumed: a worse mel loss, a better WER
+    assert kept("best_mel") == (1, {**kept("best_mel")[1], "val_mel_loss": 2.0, "validation": "clips A"})
+    assert kept("best_wer")[0] == 2 and kept("best_wer")[1]["val_wer"] == 0.20
+    assert messages == []
+    # Measured on other sentences, a kept value says nothing about this run's: the next one replaces it.
+    run("clips B", {"val_mel_loss": 5.0, "val_wer": 0.50})
+    assert kept("best_mel")[0] == 3 and kept("best_wer")[0] == 3
+    assert messages[0].startswith(f"best_mel: {tmp_path / 'best_mel' / 'ckpt-1'} was kept for val_mel_loss 2.0000 on other "
+                                  "validation sentences"), messages
+    assert len(messages) == 2 and messages[1].startswith("best_wer: ")

@@ -196,6 +196,9 @@ class _FakeCheckpoints:
         self.saved.append((kind, step))
         return f"checkpoints/{kind}/ckpt-{step}"
 
+    def latest_path(self, kind="latest"):
+        return None  # a run with no checkpoint yet
+
 
 def test_an_interrupt_waits_for_the_accumulated_update_to_finish():
     """With gradient accumulation a stop between micro-batches would checkpoint half an update, which

@@ -13,6 +13,8 @@ once per N micro-batches, so the step jumps by up to N between calls (4, 8, 12 w
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 import signal
 import sys
@@ -22,6 +24,7 @@ import keras
 import tensorflow as tf
 
 from myxtts import compat
+from myxtts.training.checkpoints import CheckpointError, read_meta
 
 
 def optimizer_step(model) -> int:
@@ -141,6 +144,14 @@ class ProgressLogger(keras.callbacks.Callback):
 BEST_BY = {"val_mel_loss": "best_mel", "val_wer": "best_wer"}
 
 
+def validation_key(val_rows, wer_sentences: int, vocoder: str) -> str:
+    """What a best_* value was measured on (the validation clips and texts, how many sentences are
+    spoken, the vocoder speaking them), stored beside it: a value is compared only with values of
+    the same key. The batch size is left out: the out-of-memory back-off halves it and resumes."""
+    measured = json.dumps([sorted((u.audio_path, u.text) for u in val_rows), wer_sentences, vocoder])
+    return hashlib.sha256(measured.encode()).hexdigest()[:16]
+
+
 class _VariableClock:
     """The seconds `watch_input`'s pipeline stage adds up in a variable."""
 
@@ -155,12 +166,15 @@ class _VariableClock:
 
 class CheckpointSaver(keras.callbacks.Callback):
     """`latest` every `interval` updates, at the end, and on SIGINT/SIGTERM (then stops the run);
-    `best_mel` / `best_wer` whenever validation mel loss / word error rate improves. A run the `guard` (NonFiniteGuard)
-    stopped for divergence ends without saving: `latest` keeps the last state saved before it."""
+    `best_mel` / `best_wer` whenever validation mel loss / word error rate improves on the best so
+    far, the run's own best_* checkpoint's when it resumes (measured with the same `validation`
+    key). A run the `guard` (NonFiniteGuard) stopped for divergence ends without saving: `latest`
+    keeps the last state saved before it."""
 
-    def __init__(self, checkpoints, interval: int, echo=print, guard=None):
+    def __init__(self, checkpoints, interval: int, echo=print, guard=None, validation: str = ""):
         super().__init__()
         self.checkpoints, self.interval, self.echo, self.guard = checkpoints, interval, echo, guard
+        self.validation = validation
         self.best = {key: math.inf for key in BEST_BY}
         self.interrupted_by = None
         self._previous_handlers = {}
@@ -168,6 +182,10 @@ class CheckpointSaver(keras.callbacks.Callback):
 
     def on_train_begin(self, logs=None):
         self._last_saved = optimizer_step(self.model)
+        # Starting from infinity, a resumed run's first validation replaced its best checkpoint (one
+        # is kept) with whatever it measured, a worse one included.
+        for key, kind in BEST_BY.items():
+            self.best[key] = self._saved_best(key, kind)
         for sig in (signal.SIGINT, signal.SIGTERM):
             try:
                 self._previous_handlers[sig] = signal.signal(sig, self._on_signal)
@@ -194,7 +212,7 @@ class CheckpointSaver(keras.callbacks.Callback):
             value = (logs or {}).get(key)
             if value is not None and math.isfinite(value) and value < self.best[key]:
                 self.best[key] = float(value)
-                self.checkpoints.save(kind, step, **{key: float(value)})
+                self.checkpoints.save(kind, step, **{key: float(value), "validation": self.validation})
 
     def on_train_end(self, logs=None):
         step = optimizer_step(self.model)
@@ -206,6 +224,22 @@ class CheckpointSaver(keras.callbacks.Callback):
             self._save_latest(step, f"{self.interrupted_by} received" if self.interrupted_by else "")
         for sig, handler in self._previous_handlers.items():
             signal.signal(sig, handler)
+
+    def _saved_best(self, key: str, kind: str) -> float:
+        """The value the run's `kind` checkpoint was kept for, inf when there is none to beat."""
+        path = self.checkpoints.latest_path(kind)
+        try:
+            meta = read_meta(path) if path else {}
+        except (CheckpointError, ValueError):  # no or an unreadable meta file: nothing to compare with
+            return math.inf
+        value = meta.get(key)
+        if not isinstance(value, (int, float)) or not math.isfinite(value):
+            return math.inf
+        if meta.get("validation", self.validation) != self.validation:  # older checkpoints have no key: the same run
+            self.echo(f"{kind}: {path} was kept for {key} {value:.4f} on other validation sentences or another "
+                      f"vocoder; the next validation replaces it")
+            return math.inf
+        return float(value)
 
     def _save_latest(self, step: int, reason: str = "") -> None:
         path = self.checkpoints.save("latest", step)

@@ -33,7 +33,7 @@ from myxtts.data.pipeline import Epochs, build_dataset, copies_to_gpu, first_bat
 from myxtts.models.xtts import network_for
 from myxtts.output_paths import folder_problem
 from myxtts.training.callbacks import (CheckpointSaver, NonFiniteGuard, ProgressLogger, SpeechCheck, StopAtStep,
-                                       ValidationSchedule, console_echo, optimizer_step)
+                                       ValidationSchedule, console_echo, optimizer_step, validation_key)
 from myxtts.training import distribute
 from myxtts.training.compile_log import CompileTimer, RunClock
 from myxtts.training.checkpoint_fallback import CheckpointRefused, CheckpointsDamaged, restore_newest
@@ -226,7 +226,8 @@ def _fit(config: Config, policy: str, strategy, workdir: Path, text: RunText, so
         train_stream = distribute.distribute_dataset(strategy, d.batch_size, host_stream)
 
     guard = NonFiniteGuard(t.max_nonfinite_steps, echo)
-    saver = CheckpointSaver(checkpoints, t.checkpoint_interval, echo, guard)
+    saver = CheckpointSaver(checkpoints, t.checkpoint_interval, echo, guard,
+                            validation=validation_key(text.val_rows, t.wer_sentences, t.vocoder))
     per_call = max(t.steps_per_execution, 1)
     compile_timer = CompileTimer(echo, xla=bool(model.jit_compile))
     clock = RunClock(compile_timer, echo, started)
