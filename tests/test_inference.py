@@ -195,6 +195,32 @@ def test_synthesize_cli_stops_on_unseen_phonemes_and_drop_unknown_leaves_them_ou
     assert asked == ["griffin-lim", "griffin-lim"]  # --vocoder reaches the synthesizer
 
 
+def test_a_wav_that_cannot_be_written_leaves_the_file_that_was_there_and_says_why(hello_synthesizer, tmp_path,
+                                                                                  monkeypatch, capsys):
+    """`--out` was written in place: a full disk left a truncated WAV where the last one was, and a
+    TensorFlow traceback after the synthesis (and the voice's fitting) had been done."""
+    from myxtts.synthesis import Synthesizer
+    from utilities import synthesize
+
+    synthesizer, voice = hello_synthesizer
+    monkeypatch.setattr(Synthesizer, "from_run", classmethod(lambda cls, run_dir, checkpoint=None, vocoder=None: synthesizer))
+    out = tmp_path / "out.wav"
+    argv = ["--checkpoint", str(tmp_path), "--text", "Hello there.", "--reference", str(voice), "--vocoder", "griffin-lim",
+            "--out", str(out)]
+    assert synthesize.main(argv) == 0
+    before = out.read_bytes()
+    write_file = tf.io.write_file
+
+    def disk_full(filename, contents):  # half of it written, then the disk is full, as TensorFlow reports it
+        write_file(filename, tf.strings.substr(contents, 0, tf.strings.length(contents) // 2))
+        raise tf.errors.ResourceExhaustedError(None, None, f"{filename.numpy().decode()}; No space left on device")
+
+    monkeypatch.setattr(tf.io, "write_file", lambda filename, contents: disk_full(tf.constant(filename), contents))
+    assert synthesize.main(argv) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == f"error: cannot write {out}: No space left on device"
+    assert out.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["out.wav"]
+
+
 def test_synthesize_cli_refuses_an_out_that_is_a_folder_before_speaking(tmp_path, capsys):
     # It spoke, then stopped on TensorFlow's "Is a directory" traceback where the WAV was written.
     from utilities import synthesize

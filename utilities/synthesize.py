@@ -85,7 +85,7 @@ def main(argv=None) -> int:
         if args.benchmark:  # the first call traced the synthesis graph; time a warm one
             result = synthesizer.synthesize_to_file(args.text, args.reference, args.out, drop_unknown=args.drop_unknown,
                                                     voice=voice)
-    except (FileNotFoundError, ValueError, CheckpointError) as error:
+    except (OSError, ValueError, CheckpointError) as error:  # OSError: a missing file, or --out not written
         print(f"error: {error}", file=sys.stderr)
         return 2
     if result["dropped"]:

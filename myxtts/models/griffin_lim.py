@@ -167,11 +167,23 @@ def _window_fn(c):
 
 
 def write_wav(path, samples, sample_rate: int) -> None:
-    """Write float samples [samples] (mono) or [samples, channels] as a 16-bit PCM WAV file."""
+    """Write float samples [samples] (mono) or [samples, channels] as a 16-bit PCM WAV file.
+
+    Written beside `path` and renamed over it, so a write cut short (a full disk, Ctrl-C) leaves the
+    file that was there; OSError("cannot write PATH: why") when it cannot be written."""
     samples = tf.clip_by_value(tf.convert_to_tensor(samples, tf.float32), -1.0, 1.0)
     if samples.shape.rank == 1:
         samples = samples[:, None]
-    directory = os.path.dirname(os.fspath(path))
-    if directory:
-        tf.io.gfile.makedirs(directory)
-    tf.io.write_file(os.fspath(path), tf.audio.encode_wav(samples, sample_rate))
+    path = os.fspath(path)
+    partial = f"{path}.partial"
+    try:
+        directory = os.path.dirname(path)
+        if directory:
+            tf.io.gfile.makedirs(directory)
+        tf.io.write_file(partial, tf.audio.encode_wav(samples, sample_rate))
+        tf.io.gfile.rename(partial, path, overwrite=True)
+    except tf.errors.OpError as error:
+        if tf.io.gfile.exists(partial):
+            tf.io.gfile.remove(partial)
+        why = error.message.split("; ")[-1].strip()  # TensorFlow's "<file>; No space left on device"
+        raise OSError(f"cannot write {path}: {why}") from None
