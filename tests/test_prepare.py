@@ -257,6 +257,41 @@ def test_conversions_originals_and_rerun(tmp_path):
     assert soundfile.info(str(out / "audio" / "compliant.wav")).samplerate == 16000
 
 
+def test_a_conversion_is_reused_only_for_the_source_it_was_made_from(tmp_path):
+    """A conversion newer than its source was reused whatever it was made from: a second corpus
+    prepared into the same --output (its own wavs/0001.wav, older) trained on the first one's audio,
+    as did a source restored from a backup with its older mtime."""
+    def corpus(name, amplitude, mtime_ns=None):
+        folder = build_corpus(tmp_path / name, [f"0001|{name} speaking.|{name} speaking."])
+        write_wav(folder / "wavs" / "0001.wav", rate=44100, amplitude=amplitude)  # needs converting
+        if mtime_ns is not None:
+            os.utime(folder / "wavs" / "0001.wav", ns=(mtime_ns, mtime_ns))
+        return folder
+
+    def heard(report):
+        (row,) = read_manifest(report.manifest_path)
+        samples, _ = soundfile.read(row.audio_path)
+        return row.text, round(float(np.abs(samples).max()), 2)
+
+    first = corpus("first", 0.5)
+    second = corpus("second", 0.2, mtime_ns=first.joinpath("wavs", "0001.wav").stat().st_mtime_ns - 10**12)  # older
+    out = tmp_path / "out"
+    assert heard(prepare_dataset(first, out, workers=1, progress=False)) == ("first speaking.", 0.5)
+    report = prepare_dataset(second, out, workers=1, progress=False)
+    assert (report.converted, report.skipped_conversions) == (1, 0)
+    assert heard(report) == ("second speaking.", 0.2)  # its own audio, not the first corpus's
+    rerun = prepare_dataset(second, out, workers=1, progress=False)
+    assert (rerun.converted, rerun.skipped_conversions) == (0, 1)  # its own conversion is still reused
+
+    # The same source path, other audio restored with its older mtime (a backup, `cp -p`, `rsync -a`).
+    source = second / "wavs" / "0001.wav"
+    mtime_ns = source.stat().st_mtime_ns
+    write_wav(source, rate=44100, amplitude=0.3)
+    os.utime(source, ns=(mtime_ns - 10**12, mtime_ns - 10**12))
+    again = prepare_dataset(second, out, workers=1, progress=False)
+    assert (again.converted, heard(again)) == (1, ("second speaking.", 0.3))
+
+
 def test_header_verdict_matches_tensorflow_and_every_output_decodes(tmp_path):
     tf = pytest.importorskip("tensorflow")
 
@@ -414,7 +449,7 @@ def test_an_output_folder_that_would_overwrite_the_input_or_the_users_files_is_r
     assert read_rejections(tmp_path / "prepared" / "rejected.tsv")[2][1] == "missing_file"
 
 
-def test_silent_clips_are_rejected_in_place_converted_or_converted_before(tmp_path):
+def test_silent_clips_are_rejected_in_place_or_converted(tmp_path):
     """A digitally silent WAV already in the target format was kept (only its header is read), and
     with its transcript it taught the model to say the words with silence."""
     corpus = tmp_path / "corpus"
@@ -435,15 +470,17 @@ def test_silent_clips_are_rejected_in_place_converted_or_converted_before(tmp_pa
     out = tmp_path / "out"
     (out / "audio").mkdir(parents=True)
     (out / "rejected.tsv").write_text("line\taudio_path\treason\tdetail\n")  # an earlier preparation's folder
-    soundfile.write(out / "audio" / "old.wav", np.zeros(frames), RATE, subtype="PCM_16")  # by a release without the check
+    # By a release that neither checked for silence nor stamped its conversions: converted again.
+    soundfile.write(out / "audio" / "old.wav", np.zeros(frames), RATE, subtype="PCM_16")
 
     report = prepare_dataset(corpus / "list.jsonl", out, workers=1, progress=False)
 
-    assert sorted(u.text for u in read_manifest(report.manifest_path)) == ["burst.wav", "speech.wav"]
+    assert sorted(u.text for u in read_manifest(report.manifest_path)) == ["burst.wav", "old.flac", "speech.wav"]
+    assert np.abs(soundfile.read(out / "audio" / "old.wav")[0]).max() > 0.4
     rejected = {r.audio_path: (r.reason, r.detail) for r in report.rejections}
     assert {os.path.basename(path): reason for path, (reason, _) in rejected.items()} == {
-        "zeros.wav": "silent", "hiss.wav": "silent", "zeros_44k.flac": "silent", "old.flac": "silent"}
+        "zeros.wav": "silent", "hiss.wav": "silent", "zeros_44k.flac": "silent"}
     assert rejected[str(corpus / "zeros.wav")][1].startswith("silent (every sample is zero, below -60 dBFS)")
     assert "its loudest sample is at -66 dBFS" in rejected[str(corpus / "hiss.wav")][1]
     assert not (out / "audio" / "zeros_44k.wav").exists()  # nothing written for it
-    assert report.rejected_by_reason == {"silent": 4}
+    assert report.rejected_by_reason == {"silent": 3}

@@ -11,7 +11,9 @@ or stalling mid-epoch:
   with its transcript it would teach the model to say those words with silence;
 * files that already fit (16-bit PCM mono WAV at the target rate) are referenced in place,
   everything else (FLAC, OGG, MP3, 24-bit or float WAV, stereo, other rates) is converted
-  with soundfile + soxr into `out_dir/audio/`, and the originals are never touched;
+  with soundfile + soxr into `out_dir/audio/`, and the originals are never touched; beside each
+  conversion `<name>.wav.source` names its source (real path, size, mtime), and a rerun reuses a
+  conversion only for that source as it is;
 * with `phoneme_language`, every kept row's text is phonemized once (`phonemes.py`, the model's
   text front end), so the manifest carries `phonemes` next to `text` and training does not
   phonemize; a text that gives no phonemes is rejected as `no_phonemes`;
@@ -120,11 +122,10 @@ def _quick_check(job: _FileJob) -> _FileOutcome | _FileJob:
             _check_duration(duration_s, job)
             _check_sound(silent_pcm16_peak(job.source_path, header))
             return _FileOutcome(job.index, "in_place", job.source_path, duration_s)
-        done = _finished_conversion(job, source_stat.st_mtime_ns)
+        done = _finished_conversion(job, source_stat)
         if done is not None:
             done_s = done.frames / done.sample_rate
-            _check_duration(done_s, job)
-            _check_sound(silent_pcm16_peak(job.converted_path, done))  # converted by a release without the check
+            _check_duration(done_s, job)  # the limits may have changed; its sound was checked when converted
             return _FileOutcome(job.index, "skipped", job.converted_path, done_s)
         return job._replace(source_is_wav=header is not None)
     except OSError as error:
@@ -171,18 +172,31 @@ def _check_sound(silent_peak: float | None) -> None:
                                "from; re-export it or remove the row")
 
 
-def _finished_conversion(job: _FileJob, source_mtime_ns: int) -> WavHeader | None:
+def _source_stamp(source_path: str, source_stat: os.stat_result) -> str:
+    """Which file a conversion was made from, as it was then: its real path, size and mtime."""
+    return f"{os.path.realpath(source_path)}\t{source_stat.st_size}\t{source_stat.st_mtime_ns}\n"
+
+
+def _stamp_path(converted_path: str) -> str:
+    return converted_path + ".source"  # beside the conversion: <name>.wav.source
+
+
+def _finished_conversion(job: _FileJob, source_stat: os.stat_result) -> WavHeader | None:
     """Header of an earlier run's conversion if it is still valid, else None.
 
-    Valid means newer than the source and already in the target format: a run with another
-    sample rate must not reuse it. Outputs are written under a temporary name and renamed,
-    so an existing file is never a half-written one.
+    Valid means made from this very source as it is now (its stamp, written once the conversion was
+    in place, matches: a conversion newer than its source was reused before, so a second corpus
+    prepared into the same --output, or a source restored with an older mtime, trained on the other
+    file's audio) and already in the target format: a run with another sample rate must not reuse it.
+    Outputs are written under a temporary name and renamed, so an existing file is never a
+    half-written one.
     """
     try:
-        if os.stat(job.converted_path).st_mtime_ns < source_mtime_ns:
-            return None
+        with open(_stamp_path(job.converted_path), encoding="utf-8") as stamp:
+            if stamp.read() != _source_stamp(job.source_path, source_stat):
+                return None
         header = read_wav_header(job.converted_path)
-    except (OSError, BadAudioFile):
+    except (OSError, UnicodeDecodeError, BadAudioFile):
         return None
     if header is None or not header.decodable_by_tf(job.sample_rate) or header.frames == 0:
         return None
@@ -192,6 +206,7 @@ def _finished_conversion(job: _FileJob, source_mtime_ns: int) -> WavHeader | Non
 def _convert(job: _FileJob) -> float:
     """Decode, mix to mono, resample and write 16-bit PCM WAV; return the output's duration."""
     is_wav = job.source_is_wav
+    source_stat = os.stat(job.source_path)  # the source as it is read: its stamp, once converted
     try:
         audio_file = soundfile.SoundFile(job.source_path)
     except (soundfile.LibsndfileError, RuntimeError) as error:
@@ -233,9 +248,17 @@ def _convert(job: _FileJob) -> float:
     _check_sound(peak if peak < SILENT_PEAK else None)
 
     os.makedirs(os.path.dirname(job.converted_path), exist_ok=True)
+    # The old stamp goes first and the new one comes last: a conversion cut short anywhere between
+    # is converted again, never taken for this source's.
+    stamp = _stamp_path(job.converted_path)
+    if os.path.lexists(stamp):
+        os.remove(stamp)
     temporary = job.converted_path + ".partial"
     soundfile.write(temporary, pcm, job.sample_rate, subtype="PCM_16", format="WAV")
     os.replace(temporary, job.converted_path)
+    with open(stamp + ".partial", "w", encoding="utf-8") as handle:
+        handle.write(_source_stamp(job.source_path, source_stat))
+    os.replace(stamp + ".partial", stamp)
     return pcm.shape[0] / job.sample_rate
 
 
