@@ -106,6 +106,11 @@ def main(argv: list[str] | None = None) -> int:
     if str(REPOSITORY_ROOT) not in sys.path:
         sys.path.insert(0, str(REPOSITORY_ROOT))
     from myxtts.data.manifest import ManifestError, read_manifest
+    from myxtts.output_paths import file_problem
+
+    if arguments.json_file is not None and (problem := file_problem(arguments.json_file, "--json-file")):
+        print(f"error: {problem}", file=sys.stderr)  # now, not after the measurements
+        return 2
 
     corpus = arguments.corpus
     if not corpus.exists():

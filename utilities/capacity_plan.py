@@ -37,7 +37,12 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
     add_gpu_assumption_arguments(parser)
     parser.add_argument("--recalibrate", action="store_true", help="time the host again instead of using the cache")
     parser.add_argument("--json", type=Path, help="also write the plans and the calibration as JSON to this file")
-    return parser.parse_args(argv)
+    arguments = parser.parse_args(argv)
+    from myxtts.output_paths import file_problem
+
+    if arguments.json is not None and (problem := file_problem(arguments.json, "--json")):
+        parser.error(problem)  # now, not after the calibration
+    return arguments
 
 
 def main(argv: list[str] | None = None) -> int:

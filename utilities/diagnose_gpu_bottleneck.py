@@ -44,6 +44,10 @@ from myxtts.diagnostics.arguments import (add_gpu_assumption_arguments, add_run_
 from myxtts.hardware.devices import DEVICES, device_by_key  # noqa: E402
 
 
+# What matplotlib's savefig writes, told by the name's ending (without importing matplotlib for --help).
+PLOT_FORMATS = {".png", ".pdf", ".svg", ".svgz", ".jpg", ".jpeg", ".eps", ".ps", ".tif", ".tiff", ".webp", ".gif"}
+
+
 def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_run_arguments(parser)
@@ -73,6 +77,14 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error(f"--batch-size must be at least 1, got {arguments.batch_size}")
     if arguments.apply and arguments.config is None:
         parser.error("--apply needs --config: the patched copy is written next to that file")
+    from myxtts.output_paths import file_problem
+
+    for path, flag, example in ((arguments.json, "--json", "report.json"), (arguments.plot, "--plot", "timeline.png")):
+        if path is not None and (problem := file_problem(path, flag, example)):
+            parser.error(problem)  # now, not after minutes of measuring
+    if arguments.plot is not None and arguments.plot.suffix.lower() not in PLOT_FORMATS:
+        parser.error(f"--plot {arguments.plot}: matplotlib writes {', '.join(sorted(PLOT_FORMATS))} files; "
+                     "give a name ending in one, e.g. timeline.png")
     return arguments
 
 

@@ -35,6 +35,10 @@ def main(argv=None) -> int:
     if args.clips < 1 or args.iterations < 1:
         parser.error("--clips and --iterations must be at least 1")
     sys.path.insert(0, str(ROOT))
+    from myxtts.output_paths import file_problem
+
+    if args.json and (problem := file_problem(args.json, "--json")):
+        parser.error(problem)  # now, not after the clips are measured
 
     from myxtts.startup_noise import quiet_tensorflow
 
