@@ -445,6 +445,13 @@ def test_apply_refuses_a_copy_that_does_not_load(tmp_path):
     assert not patched_path(path).exists()
     assert path.read_text() == "data:\n  batch_size: 4\n"
     assert write_patched_config(path, []) == (None, [])
+    # An earlier copy (perhaps edited since) was removed by the next one that did not load.
+    good = [{"key": "data.batch_size", "value": 8, "change": "data.batch_size: 8", "reason": "test"}]
+    assert write_patched_config(path, good) == (patched_path(path), ["data.batch_size: 8"])
+    earlier = patched_path(path).read_text()
+    with pytest.raises(ValueError, match="batch_size"):
+        write_patched_config(path, bad)
+    assert patched_path(path).read_text() == earlier and sorted(p.name for p in tmp_path.iterdir()) == ["c.diagnosed.yaml", "c.yaml"]
 
 
 @pytest.mark.slow

@@ -117,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 2
 
-    from myxtts.diagnostics.config_patch import write_patched_config
+    from myxtts.diagnostics.config_patch import patched_path, write_patched_config
     from myxtts.diagnostics.report import format_report
 
     print(format_report(report))
@@ -133,15 +133,18 @@ def main(argv: list[str] | None = None) -> int:
         plot_timeline(report, arguments.plot)
         _progress(f"wrote {arguments.plot}")
     if arguments.apply:
+        earlier = patched_path(arguments.config).exists()
         try:
             path, changes = write_patched_config(arguments.config, report["recommendations"])
         except ConfigError as error:
-            print(f"error: the patched config does not load, so it was not kept: {error}", file=sys.stderr)
+            kept = f"; the earlier {patched_path(arguments.config)} is as it was" if earlier else ""
+            print(f"error: the patched config does not load, so it was not kept{kept}: {error}", file=sys.stderr)
             return 1
         if path is None:
             _progress("--apply: no recommendation names a config key; nothing written")
         else:
-            _progress(f"--apply: wrote {path} ({'; '.join(changes)}); {arguments.config} is unchanged")
+            _progress(f"--apply: wrote {path}{' over the earlier copy' if earlier else ''} ({'; '.join(changes)}); "
+                      f"{arguments.config} is unchanged")
     return 0
 
 

@@ -3,7 +3,8 @@
 The original is never written: the copy is `<name>.diagnosed.yaml` beside it, holding the original
 file's keys plus the recommendations that name a config key (code changes cannot be applied), with
 a header saying what changed and why. The copy is loaded with `myxtts.config.load_config` before
-this returns, so a copy that does not load is removed and reported instead of left behind.
+it replaces an earlier one, so a copy that does not load is removed and reported instead of left
+behind, and the earlier copy stays.
 Overrides given on the command line (`--set`, `--train-data`, ...) are not written into it.
 """
 
@@ -51,10 +52,14 @@ def write_patched_config(original: str | os.PathLike, recommendations: list[dict
     header = [f"# {target.name}: {original.name} with the changes recommended by utilities/diagnose_gpu_bottleneck.py",
               "# (the original is unchanged; command-line overrides of that run are not included):"]
     header += [f"#   {item['change']}  <- {item['reason']}" for item in changes]
-    target.write_text("\n".join(header) + "\n" + yaml.safe_dump(raw, sort_keys=False), encoding="utf-8")
+    # Written beside it and loaded before it replaces an earlier copy (perhaps edited by hand): a copy
+    # that does not load leaves that one as it was.
+    partial = target.with_name(f"{target.name}.partial")
+    partial.write_text("\n".join(header) + "\n" + yaml.safe_dump(raw, sort_keys=False), encoding="utf-8")
     try:
-        load_config(target)
+        load_config(partial)
     except ConfigError:
-        target.unlink()
+        partial.unlink()
         raise
+    os.replace(partial, target)
     return target, [item["change"] for item in changes]
