@@ -180,6 +180,33 @@ def test_an_earlier_export_is_recognized_and_replaced_only_when_the_new_one_is_c
     assert _contents(earlier) == {"saved_model.pb": b"new"} and sorted(p.name for p in tmp_path.iterdir()) == ["earlier"]
 
 
+def test_a_full_disk_is_said_to_be_one_and_the_earlier_export_stays(exported, tmp_path, monkeypatch, capsys):
+    """TensorFlow reports a full disk as RESOURCE_EXHAUSTED, the status of out of memory: the export
+    ended in that traceback."""
+    import tensorflow as tf
+
+    from myxtts import export
+    from myxtts.export_folder import staged
+
+    earlier = tmp_path / "earlier"
+    shutil.copytree(exported[1], earlier)
+    before = _contents(earlier)
+
+    def export_run(run_dir, out_dir, checkpoint=None, tflite=False, vocoder=None):  # as SaveV2 fails half-way
+        with staged(out_dir) as folder:
+            folder.mkdir()
+            (folder / "saved_model.pb").write_bytes(b"half")
+            raise tf.errors.ResourceExhaustedError(None, None, f"{folder}/variables/variables_temp/part-00000-of-00001"
+                                                   ".data-00000-of-00001.tempstate1; No space left on device")
+
+    monkeypatch.setattr(export, "export_run", export_run)
+    assert export_model.main(["--run", str(exported[0]), "--out", str(earlier)]) == 2
+    error = capsys.readouterr().err.strip()
+    assert error.startswith(f"error: the disk is full: writing the export to {earlier} failed (") and "\n" not in error
+    assert "No space left on device" in error and "an earlier export there is kept" in error
+    assert _contents(earlier) == before and sorted(p.name for p in tmp_path.iterdir()) == ["earlier"]
+
+
 def test_the_saved_model_checks_its_inputs_and_names_the_rule(exported):
     """Empty or out-of-range ids gave a bare GatherV2 error, and id -1 gave audio."""
     import tensorflow as tf

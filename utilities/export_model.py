@@ -33,7 +33,7 @@ def main(argv=None) -> int:
 
     quiet_tensorflow()
     from myxtts.export import export_run
-    from myxtts.training.checkpoints import CheckpointError, find_checkpoint
+    from myxtts.training.checkpoints import CheckpointError, error_line, find_checkpoint, is_disk_full
 
     run = Path(args.run)
     try:
@@ -45,6 +45,12 @@ def main(argv=None) -> int:
         export_run(run, args.out, checkpoint, tflite=args.tflite, vocoder=args.vocoder)
     except (FileNotFoundError, ValueError, CheckpointError) as error:
         print(f"error: {error}", file=sys.stderr)
+        return 2
+    except Exception as error:  # TensorFlow says RESOURCE_EXHAUSTED for a full disk: it read as out of memory
+        if not is_disk_full(error):
+            raise
+        print(f"error: the disk is full: writing the export to {args.out} failed ({error_line(error)}). What it had "
+              f"written is removed and an earlier export there is kept; free space and re-run", file=sys.stderr)
         return 2
     return 0
 
