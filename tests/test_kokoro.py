@@ -163,14 +163,25 @@ def test_an_interrupted_build_leaves_no_corpus_that_looks_complete_and_goes_on_f
     whole = kokoro.make_kokoro_corpus(tmp_path / "whole", 5, ["af_a", "bm_b"], speak=speak, progress=False)
     assert [r.text for r in read_manifest(whole)] == [r.text for r in rows]
 
-    # An interrupted build of other arguments is not resumed: it starts over in a fresh scratch folder.
+    # Asked for fewer (or more) utterances, it goes on from what was spoken: utterance i does not
+    # depend on the count. It used to start over.
+    spoken.clear()
+    stop_at = 3
+    with pytest.raises(KeyboardInterrupt):
+        kokoro.make_kokoro_corpus(tmp_path / "other", 6, ["af_a"], speak=speak, progress=False)
+    spoken.clear()
+    stop_at = None
+    fewer = kokoro.make_kokoro_corpus(tmp_path / "other", 2, ["af_a"], speak=speak, progress=False)
+    assert len(spoken) == 0 and len(read_manifest(fewer)) == 2 and len(list((fewer / "wavs").iterdir())) == 2
+    # An interrupted build of other arguments (another seed) is not resumed: it starts over afresh.
     spoken.clear()
     stop_at = 2
     with pytest.raises(KeyboardInterrupt):
-        kokoro.make_kokoro_corpus(tmp_path / "other", 4, ["af_a"], speak=speak, progress=False)
+        kokoro.make_kokoro_corpus(tmp_path / "seeded", 4, ["af_a"], speak=speak, progress=False)
     spoken.clear()
     stop_at = None
-    assert len(read_manifest(kokoro.make_kokoro_corpus(tmp_path / "other", 3, ["af_a"], speak=speak, progress=False))) == 3
+    assert len(read_manifest(kokoro.make_kokoro_corpus(tmp_path / "seeded", 3, ["af_a"], seed=5, speak=speak,
+                                                       progress=False))) == 3
     assert len(spoken) == 3
 
 

@@ -236,11 +236,15 @@ def make_kokoro_corpus(out_dir: str | os.PathLike, num_utterances: int, voices: 
 def _spoken_before(scratch: Path, stamp: dict) -> list[Utterance]:
     """The utterances an interrupted build of the same arguments left in `scratch`, in order, each
     with its WAV; otherwise a fresh, empty scratch folder. A Ctrl-C does not throw away what was
-    spoken: utterance i is a function of (seed, i, its voice) alone, so the build goes on from there."""
+    spoken: utterance i is a function of (seed, i, its voice) alone, so the build goes on from there,
+    asked for more or fewer utterances too (the first `num_utterances` kept)."""
+    def same_sentences(record: dict) -> bool:
+        return {**record, "num_utterances": 0} == {**stamp, "num_utterances": 0}
+
     try:
         lines = (scratch / SPOKEN_FILENAME).read_text(encoding="utf-8").splitlines()
-        resumable = bool(lines) and json.loads(lines[0]) == stamp
-    except (OSError, ValueError):
+        resumable = bool(lines) and same_sentences(json.loads(lines[0]))
+    except (OSError, ValueError, TypeError):
         resumable = False
     if not resumable:
         shutil.rmtree(scratch, ignore_errors=True)
@@ -256,6 +260,9 @@ def _spoken_before(scratch: Path, stamp: dict) -> list[Utterance]:
         if not (scratch / row.audio_path).is_file():
             break
         rows.append(row)
+    for row in rows[stamp["num_utterances"]:]:  # spoken for a larger count than this build's
+        (scratch / row.audio_path).unlink()
+    rows = rows[: stamp["num_utterances"]]
     # The record from here on: the arguments and the utterances kept (a cut-short line dropped).
     kept = [json.dumps(stamp), *(json.dumps(dataclasses.asdict(row)) for row in rows)]
     (scratch / SPOKEN_FILENAME).write_text("".join(line + "\n" for line in kept), encoding="utf-8")
