@@ -65,7 +65,7 @@ def positive_epochs(text: str) -> float:
 
 
 def build_config(args: argparse.Namespace):
-    from myxtts.config import load_config
+    from myxtts.config import load_config, override
 
     config_path = args.config or (ROOT / "configs" / "demo.yaml" if args.demo else None)
     flags = {
@@ -81,7 +81,7 @@ def build_config(args: argparse.Namespace):
         "training.max_steps": args.max_steps,
         "training.init_from": args.init_from,
     }
-    overrides = [f"{key}={value}" for key, value in flags.items() if value is not None]
+    overrides = [override(key, value) for key, value in flags.items() if value is not None]
     if args.enable_eager_debug:
         overrides += ["training.enable_graph_mode=false", "training.enable_xla_compilation=false"]
     config = load_config(config_path, overrides=overrides + args.set, optimization_level=args.optimization_level)

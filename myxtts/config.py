@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import json
 import math
 import os
 import re
@@ -240,7 +241,12 @@ def load_config(
         key, sep, text = override.partition("=")
         if not sep or not key.strip():
             raise ConfigError(f"--set {override!r}: expected key=value, e.g. --set data.batch_size=16")
-        set_value(config, key.strip(), yaml.safe_load(text) if text.strip() else "", source="--set")
+        try:
+            value = yaml.safe_load(text) if text.strip() else ""
+        except yaml.YAMLError as error:
+            raise ConfigError(f"--set {override!r}: the value is not valid YAML ({getattr(error, 'problem', None) or error}); "
+                              "quote it, e.g. --set 'data.cache_dir=\"/tmp/my cache\"'") from None
+        set_value(config, key.strip(), value, source="--set")
     if optimization_level is not None:
         set_value(config, "training.optimization_level", optimization_level, source="--optimization-level")
     apply_preset(config)
@@ -248,13 +254,26 @@ def load_config(
     return config
 
 
+def override(key: str, value: Any) -> str:
+    """`key=value` for load_config's overrides, a string quoted: a flag's path (`--train-data 2024`,
+    `"my corpus #2"`, `[v2]/data.jsonl`, `@home/x`) is the path, not YAML read as a number, a comment or an alias."""
+    return f"{key}={json.dumps(value, ensure_ascii=False) if isinstance(value, str) else value}"
+
+
 def _flatten(raw: dict, source: str, prefix: str = "") -> typing.Iterator[tuple[str, Any]]:
     # No field holds a mapping, so every mapping is a section (known or misspelt: either way the
     # full dotted key reaches set_value, which names it in the error).
+    sections = {f.name for f in dataclasses.fields(Config) if dataclasses.is_dataclass(f.default_factory)} \
+        if not prefix else set()
     for key, value in raw.items():
         dotted = f"{prefix}{key}"
         if isinstance(value, dict):
             yield from _flatten(value, source, dotted + ".")
+        elif dotted in sections and value is None:
+            continue  # `data:` with every key under it commented out: an empty section, the defaults
+        elif dotted in sections:
+            raise ConfigError(f"{source}: '{dotted}' is a section, not a key (got {value!r}): write its keys indented "
+                              f"under it, one a line, as configs/config.yaml does")
         else:
             yield dotted, value
 

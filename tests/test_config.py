@@ -228,6 +228,23 @@ def test_set_override_must_be_key_value():
         load_config(overrides=["data.batch_size"])
 
 
+@pytest.mark.parametrize("value", ["[2, 4, 12", "*x", "\t3"])
+def test_a_set_value_that_is_not_yaml_is_named_with_how_to_quote_it(value):
+    with pytest.raises(ConfigError) as error:  # was PyYAML's ParserError / ComposerError traceback
+        load_config(overrides=[f"data.bucket_boundaries_s={value}"])
+    assert str(error.value).startswith(f"--set {'data.bucket_boundaries_s=' + value!r}: the value is not valid YAML (")
+    assert "quote it" in str(error.value)
+
+
+def test_a_section_with_every_key_commented_out_is_empty_and_a_section_given_a_value_is_named(tmp_path):
+    # A copy of configs/config.yaml with the keys under `data:` commented out was "unknown key 'data';
+    # did you mean 'data.fmin'?".
+    config = load_config(_write(tmp_path, "data:\n  # batch_size: 8\ntraining:\n  max_steps: 7\n"))
+    assert config.data.batch_size == load_config().data.batch_size and config.training.max_steps == 7
+    with pytest.raises(ConfigError, match=re.escape("'data' is a section, not a key (got 5): write its keys indented")):
+        load_config(_write(tmp_path, "data: 5\n"))
+
+
 def test_presets_fill_only_unset_keys(tmp_path):
     basic = load_config(optimization_level="basic")
     enhanced = load_config(optimization_level="enhanced")

@@ -28,6 +28,16 @@ def test_every_flag_sets_its_config_key():
     assert t.init_from == "runs/base"
 
 
+@pytest.mark.parametrize("path", ["my corpus #2", "2024", "on", "~", "@home/corpus", "[v2]/manifest.jsonl", "*x", "a: b",
+                                  'say "hi"', "ünïcode/é"])
+def test_a_path_flag_is_taken_as_the_path_it_names(path):
+    """The path flags were read as YAML: `#2` was cut off as a comment, `2024` was a number ("--set:
+    data.train_data must be a string", though no --set was given), `@`, `[v2]` and `*x` tracebacks."""
+    args = train_main.parse_args(["--train-data", path, "--val-data", path, "--init-from", path])
+    config, _ = train_main.build_config(args)
+    assert (config.data.train_data, config.data.val_data, config.training.init_from) == (path, path, path)
+
+
 def test_eager_debug_and_demo_flags():
     config, path = train_main.build_config(train_main.parse_args(["--enable-eager-debug", "--demo"]))
     assert config.training.enable_graph_mode is False and config.training.enable_xla_compilation is False

@@ -52,9 +52,19 @@ def main(argv: list[str] | None = None) -> int:
     from myxtts.diagnostics.timing import run_once
     from myxtts.diagnostics.training_setup import build_training_setup, prepare_run
 
-    config = load_config(arguments.config, overrides=run_overrides(arguments))
-    prepared = prepare_run(config, echo=lambda message: None)
-    batch = next(iter(prepared.dataset.take(1)))
+    from myxtts.config import ConfigError
+    from myxtts.data.audio import DataProblem, named_data_problems
+    from myxtts.data.manifest import ManifestError
+    from myxtts.data.pipeline import NoFullBatch
+
+    try:
+        with named_data_problems():  # a clip the pipeline refuses: one line naming it (DataProblem)
+            config = load_config(arguments.config, overrides=run_overrides(arguments))
+            prepared = prepare_run(config, echo=lambda message: None)
+            batch = next(iter(prepared.dataset.take(1)))
+    except (ConfigError, ManifestError, FileNotFoundError, NoFullBatch, DataProblem) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     # Traced for the dataset's element spec, as training traces the step: unknown lengths.
     setup = build_training_setup(prepared.config, len(prepared.vocabulary), prepared.policy, batch,
                                  silent_token=prepared.vocabulary.word_boundary_id,

@@ -64,6 +64,12 @@ def main(argv=None) -> int:
                         help="measure --unseen-voices even where training used its voices (a fine-tuned voice; "
                              "training voices as the decoder's best)")
     args = parser.parse_args(argv)
+    for flag, value in (("--sentences", args.sentences), ("--voice-sentences", args.voice_sentences),
+                        ("--fit-voice", args.fit_voice)):
+        if value < 0:
+            parser.error(f"{flag} must be >= 0, got {value}")
+    if args.reference_clips < 1:
+        parser.error(f"--reference-clips must be at least 1, got {args.reference_clips}")
     if args.fit_head is not None and (not args.fit_voice or args.fit_head <= 0):
         parser.error("--fit-head needs --fit-voice N and a RIDGE above 0")
     from myxtts.output_paths import file_problem
@@ -92,6 +98,9 @@ def main(argv=None) -> int:
     # The rows as training read them (phonemized the same way, the run's vocabulary).
     try:
         text = prepare_run(config, args.run, resume="require", echo=lambda message: None).text
+    except ValueError as error:  # a bad row (ManifestError), tokens not in vocab.txt: the corpus changed since
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     except FileNotFoundError as error:
         print(f"error: {error}. The check speaks the run's validation rows, split from its data.train_data as "
               f"training split them: put that corpus back, or point data.train_data in "
@@ -99,6 +108,10 @@ def main(argv=None) -> int:
         return 2
     train_rows, val_rows = text.train_rows, text.val_rows
     rows = val_rows[: args.sentences] if args.sentences else val_rows
+    if not rows:
+        print(f"error: {args.run} has no validation rows to speak (data.val_fraction {config.data.val_fraction}, "
+              f"data.val_data {config.data.val_data!r}); train with some held out", file=sys.stderr)
+        return 2
     vocoder = synthesizer.vocoder
     sentences = HeldOutSentences.from_rows(rows, train_rows, synthesizer.vocabulary, config, vocoder=vocoder)
     # The unseen voices' corpus is checked now, not after minutes of measuring the validation sentences.

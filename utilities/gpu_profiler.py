@@ -46,7 +46,9 @@ def main(argv: list[str] | None = None) -> int:
     arguments = parse_arguments(argv)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     from myxtts.config import ConfigError, load_config
+    from myxtts.data.audio import DataProblem, named_data_problems
     from myxtts.data.manifest import ManifestError
+    from myxtts.data.pipeline import NoFullBatch
 
     logdir = arguments.logdir or default_logdir(arguments.config)
 
@@ -54,17 +56,18 @@ def main(argv: list[str] | None = None) -> int:
         print(message, file=sys.stderr, flush=True)
 
     try:
-        config = load_config(arguments.config, overrides=run_overrides(arguments))
-        from myxtts.diagnostics.profile_trace import capture_trace, how_to_open
-        from myxtts.diagnostics.training_setup import build_training_setup, prepare_run
+        with named_data_problems():  # a clip the pipeline refuses: one line naming it (DataProblem)
+            config = load_config(arguments.config, overrides=run_overrides(arguments))
+            from myxtts.diagnostics.profile_trace import capture_trace, how_to_open
+            from myxtts.diagnostics.training_setup import build_training_setup, prepare_run
 
-        prepared = prepare_run(config, echo=progress)
-        sample = next(iter(prepared.dataset.take(1)))  # as train() builds its variables
-        setup = build_training_setup(prepared.config, len(prepared.vocabulary), prepared.policy, sample,
-                                     silent_token=prepared.vocabulary.word_boundary_id,
-                                     batch_spec=prepared.dataset.element_spec)
-        trace = capture_trace(prepared.dataset, setup.step, arguments.steps, logdir, progress=progress)
-    except (ConfigError, ManifestError, FileNotFoundError) as error:
+            prepared = prepare_run(config, echo=progress)
+            sample = next(iter(prepared.dataset.take(1)))  # as train() builds its variables
+            setup = build_training_setup(prepared.config, len(prepared.vocabulary), prepared.policy, sample,
+                                         silent_token=prepared.vocabulary.word_boundary_id,
+                                         batch_spec=prepared.dataset.element_spec)
+            trace = capture_trace(prepared.dataset, setup.step, arguments.steps, logdir, progress=progress)
+    except (ConfigError, ManifestError, FileNotFoundError, NoFullBatch, DataProblem) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     print(f"wrote a profiler trace of {arguments.steps} steps to {trace}")

@@ -27,6 +27,8 @@ def main(argv=None) -> int:
     parser.add_argument("--paragraphs", type=int, default=3, help="paragraphs to speak (default %(default)s)")
     parser.add_argument("--sentences", type=int, default=8, help="validation sentences a paragraph (default %(default)s)")
     args = parser.parse_args(argv)
+    if args.paragraphs < 1 or args.sentences < 1:
+        parser.error(f"--paragraphs and --sentences must be at least 1, got {args.paragraphs} and {args.sentences}")
     from myxtts.startup_noise import quiet_tensorflow
 
     quiet_tensorflow()

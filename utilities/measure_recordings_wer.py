@@ -55,7 +55,7 @@ def main(argv=None) -> int:
     try:
         config = load_config(arguments.config)
         utterances = read_manifest(arguments.corpus)
-    except ValueError as error:  # a config that does not load; no manifest there, or a bad row (named)
+    except (FileNotFoundError, ValueError) as error:  # a config that does not load; no manifest there, or a bad row (named)
         print(f"error: {error}", file=sys.stderr)
         return 2
     train, val = split_train_val(utterances, config.data.val_fraction, config.seed)

@@ -119,6 +119,14 @@ def main(argv=None) -> int:
         parser.error("--aligned-mels needs --run RUN (the acoustic model whose mels to train on)")
     if args.gpus is not None and args.gpus < 1:
         parser.error(f"--gpus must be at least 1, got {args.gpus}")
+    for flag, value in (("--steps", args.steps), ("--batch-size", args.batch_size), ("--segment-frames", args.segment_frames)):
+        if value < 1:
+            parser.error(f"{flag} must be at least 1, got {value}")
+    if not (args.learning_rate > 0 and args.discriminator_learning_rate > 0):
+        parser.error(f"--learning-rate and --discriminator-learning-rate must be > 0, got {args.learning_rate} and "
+                     f"{args.discriminator_learning_rate}")
+    if args.quality_clips < 0:
+        parser.error(f"--quality-clips must be >= 0 (0: none), got {args.quality_clips}")
     if args.accumulation < 1:
         parser.error(f"--accumulation must be at least 1, got {args.accumulation}")
     if args.run is not None and not (Path(args.run) / "config.yaml").is_file():
@@ -179,7 +187,7 @@ def train(args, machine, out: Path) -> int:
     import keras
     import tensorflow as tf
 
-    from myxtts.config import load_config
+    from myxtts.config import load_config, override
     from myxtts.data.pipeline import Epochs, build_vocabulary
     from myxtts.data.splits import load_splits
     from myxtts.evaluation import quality
@@ -213,7 +221,7 @@ def train(args, machine, out: Path) -> int:
               "skipped (pip install -r requirements-quality.txt, then utilities/measure_quality.py measures it)")
         args.quality_clips = 0
     config_path = args.config or (Path(args.run) / "config.yaml" if args.run else ROOT / "configs" / "demo.yaml")
-    train_data = [f"data.train_data={args.train_data}"] if args.train_data else []
+    train_data = [override("data.train_data", args.train_data)] if args.train_data else []
     config = load_config(config_path, overrides=[*train_data, "data.mel_on_device=true", f"data.batch_size={args.batch_size}",
                                                  *args.set])
     train_rows, val_rows = load_splits(config)

@@ -48,7 +48,9 @@ def loop_cost(arguments: argparse.Namespace, config, device, gpu_names):
 
 def run_overrides(arguments: argparse.Namespace) -> list[str]:
     """The config overrides the options above ask for, `--set` last (so it wins)."""
-    overrides = [f"data.train_data={arguments.train_data}"] if arguments.train_data else []
+    from myxtts.config import override
+
+    overrides = [override("data.train_data", arguments.train_data)] if arguments.train_data else []
     if arguments.batch_size:
         overrides.append(f"data.batch_size={arguments.batch_size}")
     return overrides + list(arguments.set)

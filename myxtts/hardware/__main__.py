@@ -26,6 +26,20 @@ from myxtts.hardware.select import select_gpus
 CALIBRATE_COMMAND = "python utilities/capacity_plan.py --config <your config> --train-data <your corpus>"
 
 
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be a whole number >= 0 (0 = automatic), got {text!r}")
+    return value
+
+
+def _batch_size(text: str) -> str | int:
+    return text if text == "auto" else _count(text)
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m myxtts.hardware", description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the report")
@@ -33,8 +47,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--gpu", default=None, help="GPU index or list (0 / 0,1 / all / cpu)")
     parser.add_argument("--tensorflow", action="store_true",
                         help="also ask TensorFlow which GPUs it sees and which CUDA kernels it carries")
-    parser.add_argument("--batch-size", default="auto")
-    parser.add_argument("--effective-batch-size", type=int, default=0, help="0: the default 32")
+    parser.add_argument("--batch-size", default="auto", type=_batch_size, help="clips per batch, or auto (default)")
+    parser.add_argument("--effective-batch-size", type=_count, default=0, help="0: the default 32")
     parser.add_argument("--precision", default="auto", choices=sorted(PRECISION_ALIASES))
     parser.add_argument("--capacity-gpu", default=None, metavar="NAME",
                         help=f"plan the capacity for this GPU instead of the one used ({', '.join(d.key for d in DEVICES)})")
@@ -61,7 +75,7 @@ def capacity_section(facts: MachineFacts, gpu_names: list[str], args: argparse.N
     if record is None:
         return ([f"Capacity: no host calibration for this CPU yet; measure it with: {CALIBRATE_COMMAND}"],
                 {"note": "no host calibration"})
-    batch = 0 if args.batch_size == "auto" else int(args.batch_size)
+    batch = 0 if args.batch_size == "auto" else args.batch_size
     # The loops' cost a training run's start measured on this host's card of that model, else the H100's.
     costs = [cost_on_host(device, [gpu.name for gpu in facts.gpus]) for device in devices]
     plans = [plan_capacity(record, device, facts, args.model_size, batch_size=batch, precision=args.precision,
@@ -73,7 +87,7 @@ def capacity_section(facts: MachineFacts, gpu_names: list[str], args: argparse.N
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    batch = args.batch_size if args.batch_size == "auto" else int(args.batch_size)
+    batch = args.batch_size
     requested = RequestedSettings(batch_size=batch, effective_batch_size=args.effective_batch_size,
                                   precision=args.precision)
     facts = detect_machine(query_tensorflow=args.tensorflow)

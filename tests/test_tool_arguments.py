@@ -1,0 +1,69 @@
+"""The tools' arguments and inputs: a value that cannot be used is one line naming it, exit 2, before
+any work. Each case here ended in a traceback (or hung, or measured something else without a word)."""
+
+import importlib
+import json
+import shutil
+
+import pytest
+
+
+def _run(tool, argv, capsys):
+    module = importlib.import_module(tool if tool.startswith("myxtts") else f"utilities.{tool}")
+    try:
+        code = module.main(argv)
+    except SystemExit as exited:  # argparse's error
+        code = exited.code
+    return code, capsys.readouterr().err
+
+
+@pytest.mark.parametrize("tool, argv, message", [
+    # --sentences -1 measured one row fewer without a word; -5 was "no held-out sentences" as a traceback.
+    ("free_running_check", ["--run", "run", "--sentences", "-1"], "--sentences must be >= 0, got -1"),
+    ("free_running_check", ["--run", "run", "--reference-clips", "0"], "--reference-clips must be at least 1, got 0"),
+    # --steps 0: ZeroDivisionError after the start-up, its folder left behind; --batch-size 0 never ended.
+    ("train_vocoder", ["--train-data", "c", "--output-dir", "v", "--steps", "0"], "--steps must be at least 1, got 0"),
+    ("train_vocoder", ["--train-data", "c", "--output-dir", "v", "--batch-size", "0"], "--batch-size must be at least 1"),
+    ("train_vocoder", ["--train-data", "c", "--output-dir", "v", "--segment-frames", "0"], "--segment-frames must be"),
+    ("train_vocoder", ["--train-data", "c", "--output-dir", "v", "--learning-rate", "0"], "--learning-rate and"),
+    ("train_vocoder", ["--train-data", "c", "--output-dir", "v", "--quality-clips", "-1"], "--quality-clips must be >= 0"),
+    ("measure_long_text", ["--run", "run", "--sentences", "0"], "--paragraphs and --sentences must be at least 1"),
+    ("myxtts.hardware.__main__", ["--batch-size", "abc"], "argument --batch-size: must be a whole number >= 0"),
+    ("myxtts.hardware.__main__", ["--effective-batch-size", "-8"], "argument --effective-batch-size: must be a whole"),
+    ("measure_recordings_wer", ["--corpus", "{tmp}/no_corpus"], "does not exist"),
+    ("count_step_ops", ["--train-data", "{tmp}/no_corpus"], "does not exist"),
+], ids=lambda value: value if isinstance(value, str) else None)
+def test_a_value_a_tool_cannot_use_is_one_line_and_exit_2(tool, argv, message, tmp_path, capsys):
+    code, error = _run(tool, [a.format(tmp=tmp_path) for a in argv], capsys)
+    assert code == 2 and message in error and "Traceback" not in error, error
+
+
+def test_the_profiler_names_a_corpus_too_small_for_a_batch(demo_corpus, tmp_path, capsys):
+    # It ended in NoFullBatch's traceback (a damaged clip: InvalidArgumentError's).
+    rows = (demo_corpus / "manifest.jsonl").read_text().splitlines()[:2]
+    small = tmp_path / "small"
+    small.mkdir()
+    (small / "manifest.jsonl").write_text(
+        "".join(json.dumps({**json.loads(row), "audio_path": str(demo_corpus / json.loads(row)["audio_path"])}) + "\n"
+                for row in rows))
+    code, error = _run("gpu_profiler", ["--train-data", str(small), "--batch-size", "16", "--set", "model.size=tiny",
+                                        "--steps", "1", "--logdir", str(tmp_path / "trace")], capsys)
+    assert code == 2 and error.strip().splitlines()[-1].startswith("error: the 1 training clips do not fill one batch of 16")
+
+
+def test_the_free_running_check_names_a_corpus_that_changed_since_training(trained_run, tmp_path, capsys):
+    # A row added to the run's corpus since it trained, which does not parse: a ManifestError traceback.
+    import yaml
+
+    corpus = tmp_path / "corpus"
+    shutil.copytree(yaml.safe_load((trained_run / "config.yaml").read_text())["data"]["train_data"], corpus)
+    with open(corpus / "manifest.jsonl", "a", encoding="utf-8") as manifest:
+        manifest.write('{"audio_path": "wavs/new.wav", "text": \n')
+    run = tmp_path / "run"
+    shutil.copytree(trained_run, run)
+    config = yaml.safe_load((run / "config.yaml").read_text())
+    config["data"]["train_data"] = str(corpus)
+    (run / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    code, error = _run("free_running_check", ["--run", str(run), "--vocoder", "griffin-lim"], capsys)
+    assert code == 2 and "Traceback" not in error, error
+    assert error.strip().splitlines()[-1].startswith(f"error: {corpus / 'manifest.jsonl'}, line "), error
