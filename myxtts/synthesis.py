@@ -145,6 +145,8 @@ class Synthesizer:
         """Reference mels [N, R, n_mels] and lengths [N] for one or more clips of the voice."""
         clips = []
         for path in paths:
+            if Path(path).is_dir():
+                raise FileNotFoundError(f"reference audio {path} is a folder: give one or more of its WAV files")
             if not Path(path).is_file():
                 raise FileNotFoundError(f"reference audio not found: {path}")
             try:

@@ -247,6 +247,14 @@ def test_synthesize_cli_refuses_to_write_over_its_reference_clip(tmp_path, capsy
     assert clip.read_bytes() == b"RIFF the user's only recording of the voice"
 
 
+def test_a_reference_that_is_a_folder_is_called_one(hello_synthesizer, tmp_path):
+    synthesizer, _ = hello_synthesizer  # it was "reference audio not found" for a folder that is there
+    with pytest.raises(FileNotFoundError, match=f"reference audio {tmp_path} is a folder: give one or more of its WAV"):
+        synthesizer.reference([tmp_path])
+    with pytest.raises(FileNotFoundError, match="reference audio not found"):
+        synthesizer.reference([tmp_path / "missing.wav"])
+
+
 def test_a_damaged_reference_clip_is_named_with_what_is_wrong_with_it(hello_synthesizer, tmp_path):
     """The message once ended in TensorFlow's "Graph execution error:" and left out the problem."""
     synthesizer, voice = hello_synthesizer
