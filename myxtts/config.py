@@ -420,7 +420,7 @@ def validate(config: Config) -> None:
         problems.append(f"data.hop_length ({d.hop_length}) must be in 1..data.win_length ({d.win_length})")
     if d.n_mels <= 0:
         problems.append(f"data.n_mels must be positive, got {d.n_mels}")
-    if not 0 <= d.fmin < d.mel_fmax <= d.sample_rate / 2:
+    if not 0 <= d.fmin < d.mel_fmax <= d.sample_rate / 2 or d.fmax < 0:  # a negative fmax is not 0's Nyquist
         problems.append(
             f"need 0 <= data.fmin < data.fmax <= sample_rate/2 ({d.sample_rate / 2:g}); "
             f"got fmin={d.fmin:g}, fmax={d.fmax:g} (fmax: 0 means sample_rate/2)"

@@ -194,6 +194,7 @@ def test_wrong_types_say_what_is_allowed(tmp_path, text, expected):
     [
         ("data.win_length=2048", "data.win_length (2048) must be in 1..data.n_fft"),
         ("data.fmax=20000", "fmax"),
+        ("data.fmax=-5", "got fmin=0, fmax=-5 (fmax: 0 means sample_rate/2)"),  # was taken as 0
         ("data.max_duration_s=20", "raise it or lower data.max_duration_s"),
         ("data.bucket_boundaries_s=[4, 2, 12]", "strictly increasing"),
         ("data.batch_size=-1", "data.batch_size must be >= 0"),
