@@ -60,6 +60,7 @@ def test_bad_input_exits_2_with_a_message(argv, message, tmp_path):
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 2, done.stderr[-2000:]
     assert message in done.stderr and "Traceback" not in done.stderr
+    assert tmp_path.is_dir()  # a folder that was there before stays
     # A mistyped path fails before the hardware plan's probes (the CPU precision probe takes a minute).
     assert "precision: timing" not in done.stdout + done.stderr
 
@@ -79,6 +80,7 @@ def test_a_bad_row_fails_before_the_probes(demo_corpus, tmp_path):
     assert done.returncode == 2, done.stderr[-2000:]
     assert "line 3: key 'text' is empty" in done.stderr and "Traceback" not in done.stderr
     assert "precision:" not in done.stdout + done.stderr  # the CPU precision probe never started, cached or not
+    assert not (tmp_path / "run").exists()  # the folder the run made is not left behind, empty
 
 
 def _binary_file(folder):

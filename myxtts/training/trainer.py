@@ -40,7 +40,7 @@ from myxtts.training.checkpoint_fallback import CheckpointRefused, CheckpointsDa
 from myxtts.training.checkpoints import Checkpoints, CheckpointError, DiskFull, is_disk_full
 from myxtts.training.init_from import InitSource, initialize_from
 from myxtts.training.run_folder import WAYS_OUT, RunText, finish_reset, reset_run, settings_changed, undo_reset
-from myxtts.training.run_lock import run_folder_lock
+from myxtts.training.run_lock import LOCK_FILE, run_folder_lock
 from myxtts.training.run_setup import batch_plan_of, prepare_run, resolve_plan, starting_point
 from myxtts.training.service_watchdog import watchdog_for
 from myxtts.training.optimizers import build_optimizer
@@ -79,7 +79,17 @@ def train(config: Config, workdir: str | Path, *, resume: str = "auto", epochs: 
     workdir = Path(workdir)
     if problem := folder_problem(workdir, "the run folder (--output-dir)"):
         raise ValueError(problem)
+    made = not workdir.exists()
     workdir.mkdir(parents=True, exist_ok=True)
+    try:
+        return _locked(config, workdir, resume, epochs, echo, started)
+    except BaseException:
+        if made:
+            _remove_if_unused(workdir)  # a run that stopped before writing (a missing corpus) leaves no folder
+        raise
+
+
+def _locked(config: Config, workdir: Path, resume: str, epochs: float | None, echo, started: float) -> TrainResult:
     with contextlib.ExitStack() as held:
         # The lock comes first: a second training in the folder stops before it writes, or with
         # --reset-training deletes, anything. Other workers of a cluster lock their own folder below.
@@ -96,6 +106,16 @@ def train(config: Config, workdir: str | Path, *, resume: str = "auto", epochs: 
             if chief:
                 undo_reset(workdir, echo)  # nothing, once the new run has written (finish_reset)
             raise
+
+
+def _remove_if_unused(workdir: Path) -> None:
+    """Removes the folder `train()` made when it holds nothing but its lock file."""
+    try:
+        if {p.name for p in workdir.iterdir()} <= {LOCK_FILE}:
+            (workdir / LOCK_FILE).unlink(missing_ok=True)
+            workdir.rmdir()
+    except OSError:  # another process wrote there meanwhile: it is theirs
+        pass
 
 
 def _train(config: Config, workdir: Path, resume: str, epochs: float | None, echo, held: contextlib.ExitStack,
