@@ -509,6 +509,30 @@ def test_out_of_memory_backs_off_to_half_the_batch_with_twice_the_accumulation(d
         train(_config(demo_corpus, "training.max_steps=1"), tmp_path / "fixed", echo=messages.append)
 
 
+def test_out_of_memory_in_the_middle_of_a_run_keeps_its_updates_since_the_last_checkpoint(demo_corpus, tmp_path,
+                                                                                          monkeypatch):
+    """An error inside `fit` skips Keras' `on_train_end`, where the last save is: out of memory at step
+    N lost the updates since the last interval's checkpoint (up to training.checkpoint_interval)."""
+    from myxtts.training import callbacks, trainer
+    from myxtts.training.checkpoints import read_meta
+
+    stop_at_step = callbacks.StopAtStep.on_train_batch_end
+
+    def out_of_memory_after_step_3(self, batch, logs=None):  # as if step 4 asked for more than the GPU has
+        if callbacks.optimizer_step(self.model) == 3:
+            raise tf.errors.ResourceExhaustedError(None, None, "OOM when allocating tensor (injected)")
+        stop_at_step(self, batch, logs)
+
+    monkeypatch.setattr(callbacks.StopAtStep, "on_train_batch_end", out_of_memory_after_step_3)
+    messages, run = [], tmp_path / "run"
+    with pytest.raises(trainer.OutOfMemory):
+        train(_config(demo_corpus, "training.max_steps=6", "training.checkpoint_interval=100"), run,
+              echo=messages.append)
+    latest = str(run / "checkpoints" / "latest" / "ckpt-3")
+    assert f"out of memory after step 3: saved {latest}, where a run of this folder goes on from" in messages, messages
+    assert read_meta(latest)["step"] == 3
+
+
 # --- A run folder is never silently overwritten; fine-tuning from another run --------------------
 
 NEW_TOKEN = "ʘ"  # a click: in no demo sentence

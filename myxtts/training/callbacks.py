@@ -241,6 +241,25 @@ class CheckpointSaver(keras.callbacks.Callback):
             return math.inf
         return float(value)
 
+    def keep_progress(self, reason: str) -> None:
+        """Saves `latest` at the last whole update when `fit` stops on an error (Keras then calls no
+        `on_train_end`): up to `interval` updates were lost to an out-of-memory step, which leaves
+        the variables as the last update left them. Nothing is saved inside an accumulated update
+        or after divergence; a save that fails too is said and the error goes on."""
+        step = optimizer_step(self.model)
+        if step == self._last_saved or (self.guard is not None and self.guard.tripped):
+            return
+        if not _between_updates(self.model.optimizer):
+            self.echo(f"{reason} inside an accumulated update: the latest checkpoint stays at step {self._last_saved}")
+            return
+        try:
+            path = self.checkpoints.save("latest", step)
+            self._last_saved = step
+            self.echo(f"{reason} after step {step}: saved {path}, where a run of this folder goes on from")
+        except Exception as error:  # noqa: BLE001 - the first error is the one to report
+            self.echo(f"{reason}: saving step {step} failed too ({type(error).__name__}); "
+                      f"the latest checkpoint stays at step {self._last_saved}")
+
     def _save_latest(self, step: int, reason: str = "") -> None:
         path = self.checkpoints.save("latest", step)
         self._last_saved = step

@@ -278,16 +278,21 @@ def _fit(config: Config, policy: str, strategy, workdir: Path, text: RunText, so
             initial = model.evaluate(val_ds, verbose=0, return_dict=True)
         progress.record_validation(0, initial)
     if start_step < t.max_steps:
-        history = model.fit(
-            train_stream,
-            steps_per_epoch=epoch_length,
-            epochs=math.ceil(t.max_steps * accumulation / epoch_length),
-            initial_epoch=micro_steps_done // epoch_length,
-            validation_data=val_ds,
-            validation_freq=ValidationSchedule(saver, t.eval_interval, start_step, every_epoch=per_call == 1),
-            callbacks=callbacks,
-            verbose=0,
-        )
+        try:
+            history = model.fit(
+                train_stream,
+                steps_per_epoch=epoch_length,
+                epochs=math.ceil(t.max_steps * accumulation / epoch_length),
+                initial_epoch=micro_steps_done // epoch_length,
+                validation_data=val_ds,
+                validation_freq=ValidationSchedule(saver, t.eval_interval, start_step, every_epoch=per_call == 1),
+                callbacks=callbacks,
+                verbose=0,
+            )
+        except tf.errors.ResourceExhaustedError as error:
+            if not is_disk_full(error):
+                saver.keep_progress("out of memory")  # the back-off, or the user's next run, goes on from it
+            raise
         validation = {k: v[-1] for k, v in history.history.items() if k.startswith("val_")}
     return TrainResult(
         step=optimizer_step(model),
