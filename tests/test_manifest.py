@@ -161,6 +161,8 @@ def test_jsonl_paths_speakers_durations_and_extra_keys(tmp_path):
         ('["a.wav", "x"]', "JSON object"),
         ('{"text": "x"}', "'audio_path' is missing"),
         ('{"audio_path": "a.wav"}', "'text' is missing"),
+        ('{"audio_path": "a.wav", "text": null}', "'text' is null; write the transcript"),  # was "missing"
+        ('{"audio_path": null, "text": "x"}', "'audio_path' is not a non-empty string"),
         ('{"audio_path": "a.wav", "text": 5}', "'text' must be a string"),
         ('{"audio_path": "a.wav", "text": "  "}', "'text' is empty"),
         ('{"audio_path": "a.wav", "text": "x", "duration": -1}', "'duration'"),

@@ -266,13 +266,15 @@ def _parse_jsonl_line(line_bytes: bytes, base_dir: str, default_speaker: str) ->
 
     audio_value = record.get("audio_path")
     if not isinstance(audio_value, str) or not audio_value.strip():
-        what = "missing" if audio_value is None else "not a non-empty string"
+        what = "missing" if "audio_path" not in record else "not a non-empty string"
         return RowProblem(MALFORMED_ROW, f"key 'audio_path' is {what}; give the audio file's path")
     audio_path = _resolve_audio_path(base_dir, audio_value)
 
     transcript = record.get("text")
-    if transcript is None:
+    if "text" not in record:
         return RowProblem(MALFORMED_ROW, "key 'text' is missing; add the transcript", audio_path)
+    if transcript is None:  # "text": null
+        return RowProblem(EMPTY_TEXT, "key 'text' is null; write the transcript or remove the row", audio_path)
     if not isinstance(transcript, str):
         return RowProblem(MALFORMED_ROW, f"key 'text' must be a string, got {type(transcript).__name__}", audio_path)
     if not transcript.strip():
