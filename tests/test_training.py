@@ -480,7 +480,8 @@ def test_eager_debug_mode_trains(demo_corpus, tmp_path):
 
 
 @pytest.mark.slow
-def test_out_of_memory_backs_off_to_half_the_batch_with_twice_the_accumulation(demo_corpus, tmp_path, monkeypatch):
+def test_out_of_memory_backs_off_to_half_the_batch_with_twice_the_accumulation_or_keeps_a_fixed_batchs_updates(
+        demo_corpus, tmp_path, monkeypatch):
     from myxtts.training import trainer
 
     real_fit = trainer._fit
@@ -505,17 +506,13 @@ def test_out_of_memory_backs_off_to_half_the_batch_with_twice_the_accumulation(d
     assert (result.batch_size, result.gradient_accumulation_steps) == attempts[-1] and result.step == 1
     assert any("out of memory at batch" in m for m in messages)
 
-    with pytest.raises(trainer.OutOfMemory, match="data.batch_size 4"):  # a fixed batch is the user's call
-        train(_config(demo_corpus, "training.max_steps=1"), tmp_path / "fixed", echo=messages.append)
-
-
-def test_out_of_memory_in_the_middle_of_a_run_keeps_its_updates_since_the_last_checkpoint(demo_corpus, tmp_path,
-                                                                                          monkeypatch):
-    """An error inside `fit` skips Keras' `on_train_end`, where the last save is: out of memory at step
-    N lost the updates since the last interval's checkpoint (up to training.checkpoint_interval)."""
-    from myxtts.training import callbacks, trainer
+    # A fixed batch is the user's call. Out of memory in the middle of that run: an error inside `fit`
+    # skips Keras' `on_train_end`, where the last save is, so the updates since the last interval's
+    # checkpoint (up to training.checkpoint_interval) were lost; they are saved first now.
+    from myxtts.training import callbacks
     from myxtts.training.checkpoints import read_meta
 
+    monkeypatch.setattr(trainer, "_fit", real_fit)
     stop_at_step = callbacks.StopAtStep.on_train_batch_end
 
     def out_of_memory_after_step_3(self, batch, logs=None):  # as if step 4 asked for more than the GPU has
@@ -524,8 +521,8 @@ def test_out_of_memory_in_the_middle_of_a_run_keeps_its_updates_since_the_last_c
         stop_at_step(self, batch, logs)
 
     monkeypatch.setattr(callbacks.StopAtStep, "on_train_batch_end", out_of_memory_after_step_3)
-    messages, run = [], tmp_path / "run"
-    with pytest.raises(trainer.OutOfMemory):
+    messages, run = [], tmp_path / "fixed"
+    with pytest.raises(trainer.OutOfMemory, match="data.batch_size 4"):
         train(_config(demo_corpus, "training.max_steps=6", "training.checkpoint_interval=100"), run,
               echo=messages.append)
     latest = str(run / "checkpoints" / "latest" / "ckpt-3")
