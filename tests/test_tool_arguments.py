@@ -67,3 +67,61 @@ def test_the_free_running_check_names_a_corpus_that_changed_since_training(train
     code, error = _run("free_running_check", ["--run", str(run), "--vocoder", "griffin-lim"], capsys)
     assert code == 2 and "Traceback" not in error, error
     assert error.strip().splitlines()[-1].startswith(f"error: {corpus / 'manifest.jsonl'}, line "), error
+
+
+@pytest.mark.parametrize("tool, argv", [
+    ("free_running_check", ["--run", "run", "--quality"]),
+    ("measure_quality", ["--corpus", "corpus"]),
+])
+def test_the_quality_measures_name_their_missing_packages_before_any_work(tool, argv, monkeypatch, capsys):
+    # They measured everything else first, then stopped on ModuleNotFoundError (the report unwritten).
+    from myxtts.evaluation import quality
+
+    monkeypatch.setattr(quality, "missing_packages", lambda: ["pystoi", "speechmos"])
+    code, error = _run(tool, argv, capsys)
+    assert code == 2 and "needs pystoi, speechmos, not installed here: pip install -r requirements-quality.txt" in error
+
+
+def test_a_damaged_vocoder_is_named_with_what_to_do(demo_corpus, tmp_path):
+    # Export ended in h5py's "Unable to synchronously open file (truncated file ...)", naming no file.
+    from conftest import make_vocoder_folder, tiny_config
+    from myxtts.models.vocoder import WEIGHTS_FILE, VocoderMismatch, load_vocoder, vocoder_settings
+
+    data = tiny_config(demo_corpus).data
+    folder = tmp_path / "vocoder"
+    make_vocoder_folder(data, folder)
+    weights = folder / WEIGHTS_FILE
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    with pytest.raises(VocoderMismatch, match=f"{weights} cannot be read as this vocoder's weights .*--vocoder griffin-lim"):
+        load_vocoder(folder, data)
+    (folder / "vocoder.json").write_text("{ not json")
+    with pytest.raises(VocoderMismatch, match="vocoder.json is not a vocoder's settings"):
+        vocoder_settings(folder)
+
+
+def test_a_vocoder_backup_of_other_features_is_not_continued(tmp_path):
+    # It resumed 300 updates trained on fmin 0 and saved the vocoder as one of fmin 50.
+    from utilities.train_vocoder import check_backup
+
+    backup = tmp_path / "backup"
+    settings = {"size": "tiny", "features": {"fmin": 0.0, "n_mels": 80}}
+    check_backup(backup, settings)  # recorded beside the backup to come
+    (backup / "latest.weights.h5").write_bytes(b"interrupted")
+    check_backup(backup, settings)  # the same: continued
+    with pytest.raises(ValueError, match=r"other settings \(features: backup .*'fmin': 0.0.*now .*'fmin': 50.0"):
+        check_backup(backup, {**settings, "features": {"fmin": 50.0, "n_mels": 80}})
+    (backup / "settings.json").write_text('{"size": "tiny"}')  # a backup of an older release: no features recorded
+    check_backup(backup, {**settings, "features": {"fmin": 50.0, "n_mels": 80}})
+
+
+def test_a_vocoder_corpus_too_small_for_a_batch_is_said_to_be(demo_corpus, tmp_path, capsys):
+    # With --phase-prior none the stream of empty epochs never yielded: it hung with nothing said.
+    small = tmp_path / "small"
+    small.mkdir()
+    rows = (demo_corpus / "manifest.jsonl").read_text().splitlines()[:6]
+    (small / "manifest.jsonl").write_text(
+        "".join(json.dumps({**json.loads(row), "audio_path": str(demo_corpus / json.loads(row)["audio_path"])}) + "\n"
+                for row in rows))
+    code, error = _run("train_vocoder", ["--train-data", str(small), "--output-dir", str(tmp_path / "v"), "--size", "tiny",
+                                         "--steps", "2", "--quality-clips", "0", "--phase-prior", "none"], capsys)
+    assert code == 2 and "do not fill one batch of 16" in error, error

@@ -77,6 +77,11 @@ def main(argv=None) -> int:
     if args.json and (problem := file_problem(args.json, "--json")):
         parser.error(problem)  # now, not after minutes of measuring
 
+    if args.quality:
+        from myxtts.evaluation.quality import missing_packages
+
+        if missing := missing_packages():  # now, not as a traceback after minutes of measuring
+            parser.error(f"--quality needs {', '.join(missing)}, not installed here: pip install -r requirements-quality.txt")
     from myxtts.startup_noise import quiet_tensorflow
 
     quiet_tensorflow()

@@ -54,6 +54,8 @@ def main(argv=None) -> int:
 
     if args.clips < 1:
         parser.error("--clips must be at least 1")
+    if missing := quality.missing_packages():
+        parser.error(f"needs {', '.join(missing)}, not installed here: pip install -r requirements-quality.txt")
     try:
         config = load_config(args.config)
         rows = read_manifest(args.corpus)

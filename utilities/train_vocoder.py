@@ -192,8 +192,8 @@ def train(args, machine, out: Path) -> int:
     from myxtts.data.splits import load_splits
     from myxtts.evaluation import quality
     from myxtts.hardware.plan import vocoder_precision
-    from myxtts.models.vocoder import (clip_stream, load_vocoder, recorded_mels, save_vocoder, teacher_forced_mels,
-                                       vocoder_settings, with_griffin_lim_phase)
+    from myxtts.models.vocoder import (FEATURE_KEYS, clip_stream, load_vocoder, recorded_mels, save_vocoder,
+                                       teacher_forced_mels, vocoder_settings, with_griffin_lim_phase)
     from myxtts.synthesis import GRIFFIN_LIM, RUN_VOCODER, Synthesizer
     from myxtts.training import distribute
     from myxtts.training.callbacks import VocoderSamples, optimizer_step
@@ -271,8 +271,9 @@ def train(args, machine, out: Path) -> int:
 
         def shard_stream(batch, shard, shards):  # a replica's batches; with one replica, every clip
             local = dataclasses.replace(config, data=dataclasses.replace(config.data, batch_size=batch))
-            stream = Epochs(local, train_rows[shard::shards], training=True, vocabulary=vocabulary).stream()
-            return stream.map(lambda b: {"audio": b["audio"], "mel_length": b["mel_length"]})
+            epochs = Epochs(local, train_rows[shard::shards], training=True, vocabulary=vocabulary)
+            epochs.batches_per_epoch()  # NoFullBatch (said, exit 2) where the buckets fill no batch: the stream would never yield
+            return epochs.stream().map(lambda b: {"audio": b["audio"], "mel_length": b["mel_length"]})
     stream = distribute.distribute_dataset(strategy, args.batch_size, shard_stream)
 
     keras.config.set_dtype_policy(policy)  # before any layer is made: the layers compute in it
@@ -280,7 +281,8 @@ def train(args, machine, out: Path) -> int:
         trainer, jit_compile = build_trainer(args, config, policy, strategy)
     vocoder = trainer.vocoder
     check_backup(out / BACKUP, {"size": vocoder.size, "phase_prior": vocoder.phase_prior, "discriminator": bool(args.adversarial_weight),
-                                  "loss_scaling": policy == "mixed_float16", "accumulation": args.accumulation})
+                                  "loss_scaling": policy == "mixed_float16", "accumulation": args.accumulation,
+                                  "features": {key: getattr(config.data, key) for key in FEATURE_KEYS}})
     critic = (f"; a spectrogram discriminator ({trainer.discriminator.count_params():,} parameters) at weight "
               f"{args.adversarial_weight}" if args.adversarial_weight else "")
     batch = (f"batch {args.batch_size}" + (f" x {replicas} GPUs" if replicas > 1 else "")
@@ -393,14 +395,15 @@ def build_trainer(args, config, policy: str, strategy):
 
 def check_backup(backup: Path, settings: dict) -> None:
     """Refuse to resume a backup made with settings that change the variables it holds (the vocoder's
-    size, a discriminator, loss scaling, gradient accumulation): Keras would fail to load it, or load
-    it wrongly. Says which settings differ; the backup is left as it is. Records `settings` beside a
+    size, a discriminator, loss scaling, gradient accumulation) or what they were trained on (the
+    features): Keras would fail to load it, or load it wrongly, or the vocoder would be saved as one
+    of features most of its updates never saw. Says which settings differ; the backup is left as it is. Records `settings` beside a
     backup to come (removed with it once the vocoder is saved)."""
     recorded = backup / "settings.json"
     if holds_backup(backup) and recorded.is_file():
         before = json.loads(recorded.read_text(encoding="utf-8"))
         differ = [f"{key}: backup {before.get(key)!r}, now {value!r}" for key, value in settings.items()
-                  if before.get(key) != value]
+                  if before.get(key) != value and (key in before or key != "features")]  # older backups: no features
         if differ:
             raise ValueError(f"{backup} holds an interrupted run made with other settings ({'; '.join(differ)}). "
                              f"Run with that run's settings to continue it, or remove {backup} to start over.")

@@ -242,7 +242,11 @@ def vocoder_settings(folder) -> dict:
         if not (folder / name).is_file():
             raise FileNotFoundError(f"{folder} is not a vocoder folder (no {name}); pass the --output-dir of "
                                     "utilities/train_vocoder.py, or griffin-lim")
-    return {"phase_prior": "none", **json.loads((folder / SETTINGS_FILE).read_text(encoding="utf-8"))}
+    try:
+        settings = json.loads((folder / SETTINGS_FILE).read_text(encoding="utf-8"))
+    except ValueError as error:
+        raise VocoderMismatch(f"{folder / SETTINGS_FILE} is not a vocoder's settings ({error})") from None
+    return {"phase_prior": "none", **settings}
 
 
 def load_vocoder(folder, data_config, policy: str = "float32") -> Vocoder:
@@ -265,7 +269,12 @@ def load_vocoder(folder, data_config, policy: str = "float32") -> Vocoder:
         vocoder.build()
     finally:
         keras.config.set_dtype_policy(previous)
-    vocoder.load_weights(str(folder / WEIGHTS_FILE))
+    try:
+        vocoder.load_weights(str(folder / WEIGHTS_FILE))
+    except (OSError, ValueError) as error:  # truncated or not HDF5 (h5py's OSError names no file), other shapes
+        raise VocoderMismatch(f"{folder / WEIGHTS_FILE} cannot be read as this vocoder's weights "
+                              f"({str(error).splitlines()[0][:200]}): train it again (utilities/train_vocoder.py), "
+                              "or pass --vocoder griffin-lim") from None
     vocoder.folder = str(folder)  # where it came from, for reports
     return vocoder
 
