@@ -125,3 +125,23 @@ def test_a_vocoder_corpus_too_small_for_a_batch_is_said_to_be(demo_corpus, tmp_p
     code, error = _run("train_vocoder", ["--train-data", str(small), "--output-dir", str(tmp_path / "v"), "--size", "tiny",
                                          "--steps", "2", "--quality-clips", "0", "--phase-prior", "none"], capsys)
     assert code == 2 and "do not fill one batch of 16" in error, error
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--corpus", "{tmp}/no_corpus"], "does not exist"),  # a traceback, after the service had started
+    (["--corpus", "c", "--workers", "0"], "--workers must be at least 1, got 0"),  # waited forever
+    (["--corpus", "c", "--epochs", "0"], "--epochs must be at least 1, got 0"),  # "no median for empty data"
+])
+def test_the_data_service_benchmark_checks_its_corpus_and_counts_first(argv, message, tmp_path, capsys):
+    code, error = _run("benchmark_data_service", [a.format(tmp=tmp_path) for a in argv], capsys)
+    assert code == 2 and message in error and "Traceback" not in error, error
+
+
+def test_vocoder_training_on_a_run_s_own_mels_needs_its_checkpoint(trained_run, tmp_path, capsys):
+    # --aligned-mels on a run with no checkpoint yet: CheckpointError's traceback after a note saying it would train.
+    run = tmp_path / "run"
+    run.mkdir()
+    shutil.copy(trained_run / "config.yaml", run / "config.yaml")
+    code, error = _run("train_vocoder", ["--run", str(run), "--aligned-mels", "--size", "tiny", "--steps", "2",
+                                         "--quality-clips", "0"], capsys)
+    assert code == 2 and "Traceback" not in error and error.strip().splitlines()[-1].startswith("error: "), error

@@ -33,7 +33,12 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--epochs", type=int, default=3, help="timed epochs per side (default: %(default)s)")
     parser.add_argument("--batch-size", type=int, default=16, help="clips per batch (default: %(default)s)")
     parser.add_argument("--limit", type=int, default=None, help="use only the first N clips")
-    return parser.parse_args(argv)
+    arguments = parser.parse_args(argv)
+    for flag, value in (("--workers", arguments.workers), ("--epochs", arguments.epochs),
+                        ("--batch-size", arguments.batch_size)):
+        if value < 1:  # 0 workers waited forever; 0 epochs ended in statistics' "no median for empty data"
+            parser.error(f"{flag} must be at least 1, got {value}")
+    return arguments
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -42,16 +47,23 @@ def main(argv: list[str] | None = None) -> int:
     from myxtts.config import load_config
     from myxtts.data.manifest import read_manifest
     from myxtts.data.pipeline import Epochs, build_vocabulary
+    from myxtts.config import ConfigError
+    from myxtts.data.manifest import ManifestError
+    from myxtts.data.pipeline import NoFullBatch
     from utilities.data_service import local_service
 
-    with tempfile.TemporaryDirectory() as logs, local_service(arguments.workers, Path(logs)) as address:
-        settings = ["data.cache_features=false", f"data.batch_size={arguments.batch_size}"]
+    settings = ["data.cache_features=false", f"data.batch_size={arguments.batch_size}"]
+    try:  # the corpus and settings, before any service is started (a missing corpus was a traceback after it)
         rows = read_manifest(arguments.corpus)[: arguments.limit]
         local_config = load_config(arguments.config, overrides=settings)
-        served_config = load_config(arguments.config, overrides=[*settings, f"data.service_address={address}"])
         vocabulary = build_vocabulary(rows, local_config.data)
         local = Epochs(local_config, rows, training=True, vocabulary=vocabulary)
         per_epoch = local.batches_per_epoch()
+    except (ConfigError, ManifestError, FileNotFoundError, NoFullBatch) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    with tempfile.TemporaryDirectory() as logs, local_service(arguments.workers, Path(logs)) as address:
+        served_config = load_config(arguments.config, overrides=[*settings, f"data.service_address={address}"])
         sides = {"this process": local,
                  f"service, {arguments.workers} worker(s)": Epochs(served_config, rows, training=True, vocabulary=vocabulary)}
         rates: dict[str, list[float]] = {name: [] for name in sides}

@@ -150,6 +150,7 @@ def main(argv=None) -> int:
     from myxtts.data.audio import named_data_problems
     from myxtts.synthesis import RUN_VOCODER
     from myxtts.training.run_lock import RunFolderBusy, run_folder_lock
+    from myxtts.training.checkpoints import CheckpointError
 
     out = Path(args.output_dir or Path(args.run) / RUN_VOCODER)
     try:
@@ -160,7 +161,8 @@ def main(argv=None) -> int:
         with named_data_problems(), run_folder_lock(out, what="each other's backup and saved vocoder",
                                                     advice="train into another --output-dir"):
             return train(args, machine, out)
-    except (ConfigError, FileNotFoundError, RunFolderBusy, ValueError) as error:  # a bad --set key, a missing folder, a backup
+    except (ConfigError, FileNotFoundError, RunFolderBusy, ValueError, CheckpointError) as error:
+        # a bad --set key, a missing folder, a backup; --aligned-mels of a run with no checkpoint yet
         print(f"error: {error}", file=sys.stderr)
         return 2
     finally:
