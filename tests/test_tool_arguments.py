@@ -25,6 +25,10 @@ def _run(tool, argv, capsys):
     ("train_vocoder", ["--train-data", "c", "--output-dir", "v", "--steps", "0"], "--steps must be at least 1, got 0"),
     ("train_vocoder", ["--train-data", "c", "--output-dir", "v", "--batch-size", "0"], "--batch-size must be at least 1"),
     ("train_vocoder", ["--train-data", "c", "--output-dir", "v", "--segment-frames", "0"], "--segment-frames must be"),
+    # 8 frames trained nothing (every update non-finite: the loss's 2048-sample STFT had no frame) and saved
+    # the random vocoder, exit 0.
+    ("train_vocoder", ["--train-data", "{tmp}/no_corpus", "--output-dir", "{tmp}/v", "--segment-frames", "8"],
+     "--segment-frames 8: segments of 1792 samples are shorter than the loss's longest STFT window (2048); give at least 9"),
     ("train_vocoder", ["--train-data", "c", "--output-dir", "v", "--learning-rate", "0"], "--learning-rate and"),
     ("train_vocoder", ["--train-data", "c", "--output-dir", "v", "--quality-clips", "-1"], "--quality-clips must be >= 0"),
     ("measure_long_text", ["--run", "run", "--sentences", "0"], "--paragraphs and --sentences must be at least 1"),

@@ -119,7 +119,8 @@ def main(argv=None) -> int:
         parser.error("--aligned-mels needs --run RUN (the acoustic model whose mels to train on)")
     if args.gpus is not None and args.gpus < 1:
         parser.error(f"--gpus must be at least 1, got {args.gpus}")
-    for flag, value in (("--steps", args.steps), ("--batch-size", args.batch_size), ("--segment-frames", args.segment_frames)):
+    for flag, value in (("--steps", args.steps), ("--batch-size", args.batch_size),
+                        ("--segment-frames", args.segment_frames)):
         if value < 1:
             parser.error(f"{flag} must be at least 1, got {value}")
     if not (args.learning_rate > 0 and args.discriminator_learning_rate > 0):
@@ -194,8 +195,8 @@ def train(args, machine, out: Path) -> int:
     from myxtts.data.splits import load_splits
     from myxtts.evaluation import quality
     from myxtts.hardware.plan import vocoder_precision
-    from myxtts.models.vocoder import (FEATURE_KEYS, clip_stream, load_vocoder, recorded_mels, save_vocoder,
-                                       teacher_forced_mels, vocoder_settings, with_griffin_lim_phase)
+    from myxtts.models.vocoder import (FEATURE_KEYS, STFT_RESOLUTIONS, clip_stream, load_vocoder, recorded_mels,
+                                       save_vocoder, teacher_forced_mels, vocoder_settings, with_griffin_lim_phase)
     from myxtts.synthesis import GRIFFIN_LIM, RUN_VOCODER, Synthesizer
     from myxtts.training import distribute
     from myxtts.training.callbacks import VocoderSamples, optimizer_step
@@ -226,6 +227,11 @@ def train(args, machine, out: Path) -> int:
     train_data = [override("data.train_data", args.train_data)] if args.train_data else []
     config = load_config(config_path, overrides=[*train_data, "data.mel_on_device=true", f"data.batch_size={args.batch_size}",
                                                  *args.set])
+    window = max(n_fft for n_fft, _ in STFT_RESOLUTIONS)
+    if (args.segment_frames - 1) * config.data.hop_length < window:  # the loss's STFT would have no frame: NaN
+        samples, least = (args.segment_frames - 1) * config.data.hop_length, -(-window // config.data.hop_length) + 1
+        raise ValueError(f"--segment-frames {args.segment_frames}: segments of {samples} samples are shorter than the "
+                         f"loss's longest STFT window ({window}); give at least {least}")
     train_rows, val_rows = load_splits(config)
     keras.utils.set_random_seed(config.seed)
     if args.init_from:  # checked before minutes of preparing clips: a missing folder, another prior
