@@ -503,3 +503,14 @@ def test_a_cache_lock_a_killed_run_left_in_data_cache_dir_does_not_block_the_nex
     assert len(list(build_dataset(shared, rows, training=True).as_numpy_iterator())) == 2
     assert os.path.exists(prefix + ".index") and not os.path.exists(prefix + "_0.lockfile")
     assert len(list(build_dataset(shared, rows, training=True).as_numpy_iterator())) == 2  # read back, complete
+
+
+def test_a_cache_folder_that_cannot_be_written_is_one_line_naming_it(utterances, tmp_path):
+    """`data.cache_dir` under a file (or on a read-only disk) was an OSError traceback from mkdir."""
+    from myxtts.data.pipeline import Epochs
+
+    (tmp_path / "notes.txt").write_text("a file, not a folder\n")
+    folder = tmp_path / "notes.txt" / "cache"
+    config = _config("data.bucketing=false", f"data.cache_dir={folder}")
+    with pytest.raises(ValueError, match=r"cannot write the feature cache in .*notes\.txt/cache .*data\.cache_dir"):
+        Epochs(config, utterances[:8], training=True)

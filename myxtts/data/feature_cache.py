@@ -33,6 +33,7 @@ import json
 import os
 import shutil
 import socket
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -137,13 +138,20 @@ def clip_seconds(utterance: Utterance) -> float | None:
 
 
 def _file_prefix(folder: Path, name: str, estimate: int, key: str) -> str:
-    folder.mkdir(parents=True, exist_ok=True)
     prefix = folder / name
-    if not Path(f"{prefix}.index").exists():  # not written yet: it needs the room
+    if Path(f"{prefix}.index").exists():  # complete: read only (a shared cache may be read-only)
+        return str(prefix)
+    try:  # not written yet: this process writes it (and its claim) here, and it needs the room
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder):
+            pass
         free = shutil.disk_usage(folder).free
-        if free < estimate:
-            raise ValueError(f"the feature cache needs about {_gb(estimate)} but {folder} has {_gb(free)} free: "
-                             f"point {key} at a larger disk, or set data.cache_features: false")
+    except OSError as error:
+        raise ValueError(f"cannot write the feature cache in {folder} ({error.strerror or error}): point {key} "
+                         "at a folder you can write, or set data.cache_features: false") from None
+    if free < estimate:
+        raise ValueError(f"the feature cache needs about {_gb(estimate)} but {folder} has {_gb(free)} free: "
+                         f"point {key} at a larger disk, or set data.cache_features: false")
     return str(prefix)
 
 
