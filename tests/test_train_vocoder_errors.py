@@ -143,3 +143,55 @@ def test_a_save_cut_short_leaves_the_vocoder_that_was_there(demo_corpus, tmp_pat
         save_vocoder(replacement, out)
     assert {path.name: path.read_bytes() for path in out.iterdir()} == before  # nothing left half-written beside it
     load_vocoder(out, data)
+
+
+def test_ctrl_c_is_a_line_saying_what_is_kept_not_a_traceback(demo_corpus, tmp_path, capsys, monkeypatch):
+    """Ctrl-C was KeyboardInterrupt's traceback, whether it came before the first backup or after it."""
+    from myxtts.models import vocoder as vocoder_module
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    def run_interrupted(*argv):
+        try:
+            return run(capsys, *argv)
+        except KeyboardInterrupt:
+            pytest.fail("Ctrl-C ended train_vocoder.py in a traceback")
+
+    out = tmp_path / "vocoder"
+    command = ("--train-data", str(demo_corpus), "--output-dir", str(out))
+    with monkeypatch.context() as patch:  # while the clips are prepared: nothing trained
+        patch.setattr(vocoder_module, "recorded_mels", interrupted)
+        code, err = run_interrupted(*command)
+    assert code == 130 and err.strip() == "interrupted: nothing was trained yet", err
+    with monkeypatch.context() as patch:  # once trained, as the vocoder is saved: the backup has it
+        patch.setattr(vocoder_module, "save_vocoder", interrupted)
+        code, err = run_interrupted(*command, "--phase-prior", "none")
+    assert code == 130 and err.strip() == (f"interrupted: {out / 'backup'} keeps the run up to its last backup (every "
+                                           "50 updates): the same command continues it"), err
+    assert train_vocoder.holds_backup(out / "backup")
+
+
+def test_a_backup_cut_short_leaves_the_one_before_for_the_restore(tmp_path):
+    """Keras' backup is written in place: Ctrl-C or a kill while it wrote left a file that no longer
+    loads, and the run could not continue (an OSError as the same command started)."""
+    import keras
+    import numpy as np
+
+    def model():
+        keras.utils.set_random_seed(0)
+        m = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+        m.compile(optimizer="sgd", loss="mse")
+        return m
+
+    x, y = np.ones((4, 2), "float32"), np.zeros((4, 1), "float32")
+    backup = tmp_path / "backup"
+    first = model()
+    first.fit(x, y, epochs=2, verbose=0, callbacks=[train_vocoder.backup_callback(backup)])
+    weights = backup / "latest.weights.h5"
+    weights.write_bytes(weights.read_bytes()[:100])  # the second backup, cut short
+    second = model()
+    epochs = []
+    second.fit(x, y, epochs=3, verbose=0, callbacks=[train_vocoder.backup_callback(backup),
+                                                     keras.callbacks.LambdaCallback(on_epoch_begin=lambda e, l: epochs.append(e))])
+    assert epochs == [1, 2]  # resumed after the first epoch: its backup was kept beside the second

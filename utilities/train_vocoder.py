@@ -54,6 +54,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 BACKUP = "backup"  # OUTPUT/backup: Keras' BackupAndRestore folder
+BACKUP_INTERVAL = 50  # updates per Keras epoch: the progress line and the backup come this often
 
 
 def holds_backup(backup: Path) -> bool:
@@ -149,6 +150,7 @@ def main(argv=None) -> int:
 
     from myxtts.config import ConfigError
     from myxtts.data.audio import named_data_problems
+    from myxtts.models.vocoder import is_vocoder_folder
     from myxtts.synthesis import RUN_VOCODER
     from myxtts.training.run_lock import RunFolderBusy, run_folder_lock
     from myxtts.training.checkpoints import CheckpointError
@@ -166,6 +168,14 @@ def main(argv=None) -> int:
         # a bad --set key, a missing folder, a backup; --aligned-mels of a run with no checkpoint yet
         print(f"error: {error}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C: what is kept, in a line (Keras' backup is written between updates)
+        if holds_backup(out / BACKUP):
+            kept = (f"{out / BACKUP} keeps the run up to its last backup (every {BACKUP_INTERVAL} updates): the same "
+                    "command continues it")
+        else:  # before the first backup, or after the vocoder was saved (measuring it, speaking the sample)
+            kept = f"the vocoder saved in {out} is kept" if is_vocoder_folder(out) else "nothing was trained yet"
+        print(f"\ninterrupted: {kept}", file=sys.stderr)
+        return 130
     finally:
         keras.config.set_dtype_policy("float32")  # train() sets the run's: a caller in this process gets float32 back
 
@@ -300,7 +310,7 @@ def train(args, machine, out: Path) -> int:
           f"{len(train_rows)} training clips, segments of {args.segment_frames} frames, {batch}{critic}; "
           f"{'XLA' if jit_compile else 'graph mode'}; {policy} ({policy_reason})")
 
-    interval = min(50, args.steps)  # updates per Keras epoch: the progress line and the backup come this often
+    interval = min(BACKUP_INTERVAL, args.steps)
 
     class Progress(keras.callbacks.Callback):
         def on_train_begin(self, logs=None):  # after BackupAndRestore (listed first) restored the run
@@ -327,8 +337,7 @@ def train(args, machine, out: Path) -> int:
 
     # The first update's time (tracing, under XLA compiling, the input starting): on an H200 the first
     # progress line of an XLA run had not come 150 s in, with nothing said meanwhile (BENCHMARKS.md).
-    # The backup outlives the run until the vocoder is saved (below): Keras would delete it as the run ends.
-    callbacks = [keras.callbacks.BackupAndRestore(str(out / BACKUP), delete_checkpoint=False), Progress(),
+    callbacks = [backup_callback(out / BACKUP), Progress(),
                  CompileTimer(echo=lambda line: print(line, flush=True), xla=jit_compile),
                  keras.callbacks.TensorBoard(str(out / "logs"))]
     if val_rows:  # one validation clip's copy-synthesis, to listen to in TensorBoard as it trains
@@ -399,6 +408,15 @@ def build_trainer(args, config, policy: str, strategy):
     trainer.compile(optimizer=distribute.prepare_optimizer(optimizer, strategy), jit_compile=jit_compile)
     trainer.build_for_training()  # variables exist before a backup is restored
     return trainer, jit_compile
+
+
+def backup_callback(backup: Path):
+    """Keras' BackupAndRestore, kept after training (the vocoder is saved from it, then it is removed);
+    double_checkpoint: a backup cut short (Ctrl-C or a kill while it writes, a full disk) leaves the
+    one before it, which the restore falls back to."""
+    import keras
+
+    return keras.callbacks.BackupAndRestore(str(backup), double_checkpoint=True, delete_checkpoint=False)
 
 
 def check_backup(backup: Path, settings: dict) -> None:
