@@ -132,6 +132,30 @@ def speak_demo_sample(workdir: Path, result) -> None:
 def main(argv=None) -> int:
     started = time.perf_counter()  # the run's closing "time:" line counts the corpus and TensorFlow's start too
     args = parse_args(argv)
+    try:
+        return _main(args, started)
+    except KeyboardInterrupt:
+        # Ctrl-C outside training itself (the corpus, the probes, tracing, the closing measures and
+        # sample): inside it, the CheckpointSaver's handler saves and stops the run (exit 130 too).
+        print(f"\ninterrupted: {kept_after_interrupt(args)}", file=sys.stderr)
+        return 130
+
+
+def kept_after_interrupt(args) -> str:
+    """What a run interrupted outside its training loop keeps, in words."""
+    from myxtts.config import ConfigError
+
+    try:
+        config, config_path = build_config(args)
+    except ConfigError:  # interrupted before the config was read: nothing was written
+        return "nothing was trained yet"
+    workdir = Path(args.output_dir or ROOT / "runs" / ("demo" if args.demo else Path(config_path or "run").stem))
+    if any((workdir / "checkpoints").glob("*/*.index")):
+        return f"the checkpoints in {workdir / 'checkpoints'} are kept: the same command continues from the latest"
+    return "nothing was trained yet"
+
+
+def _main(args, started: float) -> int:
     # TensorFlow's C++ start-up chatter (CUDA probing, oneDNN notes) buries our own lines; errors still show.
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     # Keras warns that `shuffle` is ignored for datasets (ours shuffle themselves) and that the

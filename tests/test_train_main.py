@@ -206,3 +206,26 @@ def test_a_checkpoint_that_is_not_there_is_named_before_the_probes(argv, message
     captured = capsys.readouterr()
     assert message in captured.err.strip().splitlines()[-1], captured.err
     assert "precision:" not in captured.out + captured.err  # the probe never started, cached or not
+
+
+def test_ctrl_c_outside_the_training_loop_is_a_line_saying_what_is_kept(demo_corpus, tmp_path, monkeypatch, capsys):
+    """Ctrl-C while the corpus was read, the hardware probed or the step traced (and after training,
+    while it measured and spoke the sample) was KeyboardInterrupt's traceback."""
+    import myxtts.training.trainer
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(myxtts.training.trainer, "train", interrupted)
+    run = tmp_path / "run"
+    argv = ["--train-data", str(demo_corpus), "--output-dir", str(run)]
+    try:
+        code = train_main.main(argv)
+        assert code == 130 and capsys.readouterr().err.strip() == "interrupted: nothing was trained yet"
+        (run / "checkpoints" / "latest").mkdir(parents=True)
+        (run / "checkpoints" / "latest" / "ckpt-40.index").write_bytes(b"")
+        code = train_main.main(argv)
+    except KeyboardInterrupt:
+        pytest.fail("Ctrl-C ended train_main.py in a traceback")
+    assert code == 130 and capsys.readouterr().err.strip() == (
+        f"interrupted: the checkpoints in {run / 'checkpoints'} are kept: the same command continues from the latest")
