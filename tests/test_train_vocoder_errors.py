@@ -195,3 +195,23 @@ def test_a_backup_cut_short_leaves_the_one_before_for_the_restore(tmp_path):
     second.fit(x, y, epochs=3, verbose=0, callbacks=[train_vocoder.backup_callback(backup),
                                                      keras.callbacks.LambdaCallback(on_epoch_begin=lambda e, l: epochs.append(e))])
     assert epochs == [1, 2]  # resumed after the first epoch: its backup was kept beside the second
+
+
+def test_a_vocoder_to_start_from_of_other_features_is_refused_before_the_clips_are_prepared(demo_corpus, tmp_path,
+                                                                                             capsys, monkeypatch):
+    """It was refused only once every training clip's Griffin-Lim phase had been found (minutes)."""
+    from conftest import tiny_config
+
+    from myxtts.models import vocoder as vocoder_module
+
+    def prepared(*args, **kwargs):
+        raise AssertionError("the clips were prepared before the vocoder to start from was checked")
+
+    start = tmp_path / "start"
+    vocoder = vocoder_module.Vocoder(tiny_config(demo_corpus).data, size="tiny", phase_prior="griffin-lim")
+    vocoder.build()
+    vocoder_module.save_vocoder(vocoder, start)
+    monkeypatch.setattr(vocoder_module, "recorded_mels", prepared)
+    code, err = run(capsys, "--train-data", str(demo_corpus), "--output-dir", str(tmp_path / "v"),
+                    "--init-from", str(start), "--set", "data.fmin=50")
+    assert code == 2 and f"{start} was trained on other features" in err and "data.fmin: vocoder 0" in err, err

@@ -205,8 +205,9 @@ def train(args, machine, out: Path) -> int:
     from myxtts.data.splits import load_splits
     from myxtts.evaluation import quality
     from myxtts.hardware.plan import vocoder_precision
-    from myxtts.models.vocoder import (FEATURE_KEYS, STFT_RESOLUTIONS, clip_stream, load_vocoder, recorded_mels,
-                                       save_vocoder, teacher_forced_mels, vocoder_settings, with_griffin_lim_phase)
+    from myxtts.models.vocoder import (FEATURE_KEYS, STFT_RESOLUTIONS, check_features, clip_stream, load_vocoder,
+                                       recorded_mels, save_vocoder, teacher_forced_mels, vocoder_settings,
+                                       with_griffin_lim_phase)
     from myxtts.synthesis import GRIFFIN_LIM, RUN_VOCODER, Synthesizer
     from myxtts.training import distribute
     from myxtts.training.callbacks import VocoderSamples, optimizer_step
@@ -244,8 +245,10 @@ def train(args, machine, out: Path) -> int:
                          f"loss's longest STFT window ({window}); give at least {least}")
     train_rows, val_rows = load_splits(config)
     keras.utils.set_random_seed(config.seed)
-    if args.init_from:  # checked before minutes of preparing clips: a missing folder, another prior
-        started_from = vocoder_settings(args.init_from)["phase_prior"]
+    if args.init_from:  # checked before minutes of preparing clips: a missing folder, other features or prior
+        settings = vocoder_settings(args.init_from)
+        check_features(args.init_from, settings, config.data)
+        started_from = settings["phase_prior"]
         if args.phase_prior not in (None, started_from):
             raise ValueError(f"--phase-prior {args.phase_prior}: --init-from {args.init_from} was trained with "
                              f"{started_from!r}; drop --phase-prior or start from scratch")

@@ -249,6 +249,15 @@ def vocoder_settings(folder) -> dict:
     return {"phase_prior": "none", **settings}
 
 
+def check_features(folder, settings: dict, data_config) -> None:
+    """VocoderMismatch naming every feature key in which the vocoder `settings` (of `folder`) differ from `data_config`."""
+    differ = [f"data.{key}: vocoder {settings['features'].get(key)!r}, run {getattr(data_config, key)!r}"
+              for key in FEATURE_KEYS if settings["features"].get(key) != getattr(data_config, key)]
+    if differ:
+        raise VocoderMismatch(f"{folder} was trained on other features than this run's ({'; '.join(differ)}); "
+                              "train a vocoder with the run's data settings (train_vocoder.py --run RUN)")
+
+
 def load_vocoder(folder, data_config, policy: str = "float32") -> Vocoder:
     """The vocoder saved in `folder` by `save_vocoder`, for mels made with `data_config`, computing in
     `policy` (float32 whatever the global policy, unless told: a training run sets mixed_bfloat16, and
@@ -257,11 +266,7 @@ def load_vocoder(folder, data_config, policy: str = "float32") -> Vocoder:
     Raises FileNotFoundError naming what is missing, VocoderMismatch naming every feature key that differs."""
     folder = Path(folder)
     settings = vocoder_settings(folder)
-    differ = [f"data.{key}: vocoder {settings['features'].get(key)!r}, run {getattr(data_config, key)!r}"
-              for key in FEATURE_KEYS if settings["features"].get(key) != getattr(data_config, key)]
-    if differ:
-        raise VocoderMismatch(f"{folder} was trained on other features than this run's ({'; '.join(differ)}); "
-                              "train a vocoder with the run's data settings (train_vocoder.py --run RUN)")
+    check_features(folder, settings, data_config)
     previous = keras.config.dtype_policy()
     keras.config.set_dtype_policy(policy)  # every layer's, not only the outer model's
     try:
