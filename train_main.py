@@ -146,7 +146,7 @@ def kept_after_interrupt(args) -> str:
     from myxtts.config import ConfigError
 
     try:
-        config, config_path = build_config(args)
+        _, config_path = build_config(args)
     except ConfigError:  # interrupted before the config was read: nothing was written
         return "nothing was trained yet"
     workdir = Path(args.output_dir or ROOT / "runs" / ("demo" if args.demo else Path(config_path or "run").stem))
