@@ -182,6 +182,18 @@ def odd_chunk_wav(path):
     path.write_bytes(data[:4] + struct.pack("<I", len(data) - 8) + data[8:])
 
 
+def rechunked_wav(path, before_fmt=b"", before_data=b"", after_data=b""):
+    """A 1 s 16-bit WAV with these (whole, padded) chunks inserted around its "fmt " and "data"."""
+    write_wav(path, 1.0)
+    data = path.read_bytes()
+    body = b"WAVE" + before_fmt + data[12:36] + before_data + data[36:] + after_data
+    path.write_bytes(b"RIFF" + struct.pack("<I", len(body)) + body)
+
+
+def list_chunk(text: bytes) -> bytes:
+    return b"LIST" + struct.pack("<I", len(text)) + text + b"\0" * (len(text) % 2)  # pad byte, as RIFF requires
+
+
 CONVERSIONS = {
     "flac_44k.flac": lambda p: soundfile.write(p, tone(1.0, 44100), 44100),
     "pcm24.wav": lambda p: write_wav(p, subtype="PCM_24"),
@@ -190,6 +202,11 @@ CONVERSIONS = {
     "rate_44k.wav": lambda p: write_wav(p, rate=44100),
     "wavex.wav": lambda p: write_wav(p, fmt="WAVEX"),
     "odd_chunk.wav": odd_chunk_wav,
+    # Legal RIFF that decode_wav refuses: a chunk it does not skip before "fmt ", and (the file not in
+    # the canonical layout the pipeline reads without it) an odd-sized chunk after the data.
+    "list_before_fmt.wav": lambda p: rechunked_wav(p, before_fmt=list_chunk(b"INFOISFT")),
+    "odd_chunk_after.wav": lambda p: rechunked_wav(p, before_data=b"fact" + struct.pack("<II", 4, RATE),
+                                                   after_data=list_chunk(b"INFOx")),
     "vorbis.ogg": lambda p: soundfile.write(p, tone(1.0, 48000), 48000),
 }
 if "MP3" in soundfile.available_formats():  # libsndfile >= 1.1 built with mpg123 and LAME

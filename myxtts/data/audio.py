@@ -20,6 +20,8 @@ import re
 import numpy as np
 import tensorflow as tf
 
+from myxtts.data.wav_header import SKIPPED_BEFORE_FMT
+
 # Rates the in-graph resampler handles. Anything else is converted once by utilities/prepare_dataset.py.
 SUPPORTED_RATES = (8000, 11025, 16000, 22050, 24000, 32000, 44100, 48000)
 
@@ -84,8 +86,6 @@ def decode_wav_bytes(contents, middle_seconds: float | None = None, *,
 # damaged file has nothing to convert (prepare_dataset.py rejects it, listing it in its report).
 _CONVERT = "convert the corpus once with utilities/prepare_dataset.py"
 _REPLACE = "re-export or remove the file (utilities/prepare_dataset.py lists every such file and leaves it out)"
-# The chunks decode_wav skips before "fmt " (tensorflow/core/lib/wav/wav_io.cc); any other there, it refuses.
-_SKIPPED_BEFORE_FMT = [b"JUNK", b"bext", b"iXML", b"qlty", b"mext", b"levl", b"link", b"axml"]
 # Chunks walked before giving up and leaving the file to decode_wav (real files have two to five).
 _MAX_CHUNKS = 64
 
@@ -151,7 +151,7 @@ def wav_refusal(contents) -> tuple[tf.Tensor, tf.Tensor]:
         kind = first([(tf.equal(tag, 1), "integer"), (tf.equal(tag, 3), "float")],
                      tf.strings.join(["format-", number(tag)]))
         is_fmt = tf.equal(chunk_id, b"fmt ")
-        skipped = tf.reduce_any(tf.equal(chunk_id, _SKIPPED_BEFORE_FMT))
+        skipped = tf.reduce_any(tf.equal(chunk_id, SKIPPED_BEFORE_FMT))
         is_data = tf.equal(chunk_id, b"data")
         frames = chunk_size // tf.maximum(block, 1)
         data_end = start + frames * block
