@@ -174,6 +174,22 @@ def test_phonemes_the_run_never_saw_are_named_not_read_as_unk(hello_synthesizer)
         synthesizer.tokens("Is", drop_unknown=True)  # ɪ|z
 
 
+def test_a_long_text_is_not_quoted_whole_in_its_error(hello_synthesizer):
+    """A 5,000-character text with phonemes the run never saw was quoted whole: a 5,600-character error line."""
+    from myxtts.synthesis import UnknownSymbols
+
+    synthesizer, _ = hello_synthesizer
+    text = ("Hello, is it there? " + "Hello there. " * 400)[:5000]
+    with pytest.raises(UnknownSymbols) as raised:
+        synthesizer.tokens(text)
+    message = str(raised.value)
+    assert "'ɪ' (in 'ɪ|z')" in message and "'Hello, is it there? Hello there." in message
+    assert "(5,000 characters)" in message and len(message) < 1000  # the text alone was 5,000
+    with pytest.raises(ValueError, match=r"makes no phonemes of '\?+'\.\.\. \(5,000 characters\); write") as raised:
+        synthesizer.tokens("?" * 5000)
+    assert len(str(raised.value)) < 200
+
+
 def test_synthesize_cli_stops_on_unseen_phonemes_and_drop_unknown_leaves_them_out(hello_synthesizer, tmp_path,
                                                                                  monkeypatch, capsys):
     import soundfile
