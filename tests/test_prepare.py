@@ -190,6 +190,13 @@ def rechunked_wav(path, before_fmt=b"", before_data=b"", after_data=b""):
     path.write_bytes(b"RIFF" + struct.pack("<I", len(body)) + body)
 
 
+def streamed_wav(path):
+    """A 1 s 16-bit WAV whose RIFF and data sizes are 0xFFFFFFFF, as ffmpeg leaves them writing to a pipe."""
+    write_wav(path, 1.0)
+    data = path.read_bytes()
+    path.write_bytes(data[:4] + b"\xff" * 4 + data[8:40] + b"\xff" * 4 + data[44:])
+
+
 def list_chunk(text: bytes) -> bytes:
     return b"LIST" + struct.pack("<I", len(text)) + text + b"\0" * (len(text) % 2)  # pad byte, as RIFF requires
 
@@ -207,6 +214,7 @@ CONVERSIONS = {
     "list_before_fmt.wav": lambda p: rechunked_wav(p, before_fmt=list_chunk(b"INFOISFT")),
     "odd_chunk_after.wav": lambda p: rechunked_wav(p, before_data=b"fact" + struct.pack("<II", 4, RATE),
                                                    after_data=list_chunk(b"INFOx")),
+    "streamed.wav": streamed_wav,  # the samples run to the end of the file: not truncated
     "vorbis.ogg": lambda p: soundfile.write(p, tone(1.0, 48000), 48000),
 }
 if "MP3" in soundfile.available_formats():  # libsndfile >= 1.1 built with mpg123 and LAME

@@ -40,6 +40,9 @@ SKIPPED_BEFORE_FMT = (b"JUNK", b"bext", b"iXML", b"qlty", b"mext", b"levl", b"li
 _CANONICAL_DATA_OFFSET = 44
 # Chunks after the data walked before leaving the file to decode_wav, as `audio.wav_refusal` does.
 _MAX_CHUNKS = 64
+# The data size a writer that cannot seek back to the header leaves there (ffmpeg writing to a pipe):
+# the length is unknown, the samples run to the end of the file, and libsndfile reads them so.
+_UNKNOWN_DATA_SIZE = 0xFFFFFFFF
 
 
 class BadAudioFile(ValueError):
@@ -132,7 +135,8 @@ def read_wav_header(path: str) -> WavHeader | None:
     """Parse a WAV header without reading the samples; None when the file is not RIFF/WAVE.
 
     Raises `BadAudioFile` when the header is broken, or when its data chunk claims more
-    bytes than the file holds: libsndfile silently shortens such files, but
+    bytes than the file holds (unless it claims 0xFFFFFFFF, a length the writer did not know: then
+    the data is what the file holds): libsndfile silently shortens such files, but
     `tf.audio.decode_wav` fails on them in the middle of training. A path that is not a regular
     file raises `BadAudioFile` before it is opened (a FIFO's open would wait for a writer).
     """
@@ -190,6 +194,9 @@ def read_wav_header(path: str) -> WavHeader | None:
         raise BadAudioFile(
             CORRUPT, f"WAV header is invalid (channels={channels}, rate={sample_rate}, block_align={block_align})"
         )
+    streamed = data_size == _UNKNOWN_DATA_SIZE
+    if streamed:  # decode_wav refuses it: converted, to the samples the file holds
+        data_size = available - available % block_align
     if data_size > available:
         claimed, held = data_size // block_align, available // block_align
         raise BadAudioFile(
@@ -206,7 +213,8 @@ def read_wav_header(path: str) -> WavHeader | None:
         fmt_chunk_size=fmt_chunk_size,
         data_size=data_size,
         data_offset=data_offset,
-        layout_ok_for_tf=fmt_before_data and not odd_chunk_before_data and not unskipped_before_fmt and tail_ok,
+        layout_ok_for_tf=(fmt_before_data and not odd_chunk_before_data and not unskipped_before_fmt and tail_ok
+                          and not streamed),
     )
 
 
