@@ -509,3 +509,28 @@ def test_silent_clips_are_rejected_in_place_or_converted(tmp_path):
     assert "its loudest sample is at -66 dBFS" in rejected[str(corpus / "hiss.wav")][1]
     assert not (out / "audio" / "zeros_44k.wav").exists()  # nothing written for it
     assert report.rejected_by_reason == {"silent": 3}
+
+
+def test_float_samples_that_are_not_numbers_are_rejected(tmp_path):
+    """A float WAV holding NaN was converted with zeros in their place and one holding infinity with a
+    full-scale burst, kept without a word; an all-NaN one was called silent."""
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    speech = tone(1.0, RATE)
+    for name, bad in (("nan.wav", np.nan), ("inf.wav", -np.inf), ("all_nan.wav", None)):
+        samples = np.full_like(speech, np.nan) if bad is None else speech.copy()
+        if bad is not None:
+            samples[1000:1100] = bad
+        soundfile.write(corpus / name, samples, RATE, subtype="FLOAT")
+    soundfile.write(corpus / "float.wav", speech, RATE, subtype="FLOAT")
+    names = ["nan.wav", "inf.wav", "all_nan.wav", "float.wav"]
+    (corpus / "list.jsonl").write_text("".join(json.dumps({"audio_path": n, "text": n}) + "\n" for n in names))
+
+    report = prepare_dataset(corpus / "list.jsonl", tmp_path / "out", workers=1, progress=False)
+
+    assert [u.text for u in read_manifest(report.manifest_path)] == ["float.wav"]
+    assert {os.path.basename(r.audio_path): (r.reason, r.detail) for r in report.rejections} == {
+        "nan.wav": ("corrupt", "100 samples are not numbers (NaN or infinite); the file is damaged, re-export it"),
+        "inf.wav": ("corrupt", "100 samples are not numbers (NaN or infinite); the file is damaged, re-export it"),
+        "all_nan.wav": ("corrupt", f"{RATE} samples are not numbers (NaN or infinite); the file is damaged, re-export it")}
+    assert sorted(p.name for p in (tmp_path / "out" / "audio").iterdir()) == ["float.wav", "float.wav.source"]
