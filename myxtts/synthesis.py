@@ -40,6 +40,8 @@ from myxtts.models.xtts import XTTS, network_for
 # no voice: the model would still speak, in whatever voice its encoder makes of silence or a click,
 # and say nothing of it. Training's references are 3 s (data.reference_duration_s).
 MIN_REFERENCE_S = 0.5
+# What a reference clip must be: what `reference_log_mel` reads (`audio.decode_wav_bytes`, `audio.SUPPORTED_RATES`).
+REFERENCE_FORMAT = "give a whole 16-bit PCM WAV of the voice (mono or stereo, 8 to 48 kHz)"
 
 
 def reference_problem(path, middle_seconds: float) -> str | None:
@@ -162,7 +164,9 @@ class Synthesizer:
             try:
                 clips.append(reference_log_mel(tf.constant(str(path)), self.config.data))
             except tf.errors.InvalidArgumentError as error:
-                problem = data_problem(error)  # names the file and what to do
+                problem = data_problem(error)  # names the file and what to do with it in a corpus
+                if problem:  # one clip is not converted by prepare_dataset.py (it wants a manifest with words)
+                    problem = f"{problem.rsplit(' - ', 1)[0]} - {REFERENCE_FORMAT}"
                 raise ValueError(f"cannot use as a reference voice: {problem}" if problem else
                                  f"{path}: cannot use as a reference voice (16-bit PCM WAV expected; convert it with "
                                  f"utilities/prepare_dataset.py): {error.message.strip().splitlines()[-1]}") from None

@@ -283,6 +283,25 @@ def test_a_damaged_reference_clip_is_named_with_what_is_wrong_with_it(hello_synt
     assert "Graph execution error" not in message, message
 
 
+def test_a_reference_in_another_format_is_refused_saying_what_a_reference_must_be(hello_synthesizer, tmp_path):
+    """The advice was the corpus's: "convert the corpus once with utilities/prepare_dataset.py", which
+    takes a manifest with a transcript per clip, not one clip of a voice."""
+    import soundfile
+
+    synthesizer, _ = hello_synthesizer
+    speech = 0.3 * np.sin(np.arange(22050) * 0.05)
+    soundfile.write(tmp_path / "studio.wav", speech, 22050, subtype="PCM_24")
+    soundfile.write(tmp_path / "voice - take 1.flac", speech, 22050)
+    soundfile.write(tmp_path / "high.wav", np.repeat(speech, 4), 96000, subtype="PCM_16")
+    for name, what in (("studio.wav", "WAV of 24-bit integer samples (TensorFlow reads 16-bit integer PCM only): "),
+                       ("voice - take 1.flac", "not a WAV file (no RIFF/WAVE header): "),
+                       ("high.wav", "unsupported sample rate 96000 in ")):
+        with pytest.raises(ValueError) as raised:
+            synthesizer.reference([str(tmp_path / name)])
+        assert str(raised.value) == (f"cannot use as a reference voice: {what}{tmp_path / name} - give a whole 16-bit "
+                                     "PCM WAV of the voice (mono or stereo, 8 to 48 kHz)")
+
+
 def test_a_silent_or_too_short_reference_clip_is_refused_naming_it(hello_synthesizer, tmp_path, monkeypatch, capsys):
     """Both used to speak without a word of warning, in whatever voice the encoder makes of silence or a click."""
     import soundfile
