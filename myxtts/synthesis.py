@@ -40,6 +40,8 @@ from myxtts.models.xtts import XTTS, network_for
 # no voice: the model would still speak, in whatever voice its encoder makes of silence or a click,
 # and say nothing of it. Training's references are 3 s (data.reference_duration_s).
 MIN_REFERENCE_S = 0.5
+# What a reference clip must be: what `reference_log_mel` reads (`audio.decode_wav_bytes`, `audio.SUPPORTED_RATES`).
+REFERENCE_FORMAT = "give a whole 16-bit PCM WAV of the voice (mono or stereo, 8 to 48 kHz)"
 
 
 def reference_problem(path, middle_seconds: float) -> str | None:
@@ -83,6 +85,16 @@ def split_sentences(text: str) -> list[str]:
     sentences.append(text[start:].strip())
     lines = [line for sentence in sentences for line in sentence.splitlines()]  # a line break ends one too
     return [line.strip() for line in lines if line.strip()]
+
+
+# Characters of the text a message quotes: enough to recognise it; a 5,000-character text quoted
+# whole buried the words that say what is wrong.
+_QUOTED_CHARS = 60
+
+
+def _quoted(text: str) -> str:
+    """`text` as a message quotes it: repr'd, cut to its first _QUOTED_CHARS characters."""
+    return repr(text) if len(text) <= _QUOTED_CHARS else f"{text[:_QUOTED_CHARS]!r}... ({len(text):,} characters)"
 
 
 class UnknownSymbols(ValueError):
@@ -152,7 +164,9 @@ class Synthesizer:
             try:
                 clips.append(reference_log_mel(tf.constant(str(path)), self.config.data))
             except tf.errors.InvalidArgumentError as error:
-                problem = data_problem(error)  # names the file and what to do
+                problem = data_problem(error)  # names the file and what to do with it in a corpus
+                if problem:  # one clip is not converted by prepare_dataset.py (it wants a manifest with words)
+                    problem = f"{problem.rsplit(' - ', 1)[0]} - {REFERENCE_FORMAT}"
                 raise ValueError(f"cannot use as a reference voice: {problem}" if problem else
                                  f"{path}: cannot use as a reference voice (16-bit PCM WAV expected; convert it with "
                                  f"utilities/prepare_dataset.py): {error.message.strip().splitlines()[-1]}") from None
@@ -171,7 +185,7 @@ class Synthesizer:
         d = self.config.data
         text_for_model = model_text(text, d.text_frontend, d.language)
         if not text_for_model.strip():
-            raise ValueError(f"espeak-ng ({d.language}) makes no phonemes of {text!r}; write it in words of data.language")
+            raise ValueError(f"espeak-ng ({d.language}) makes no phonemes of {_quoted(text)}; write it in words of data.language")
         tokens = tokenize(tf.constant(text_for_model), self._table, frontend=d.text_frontend)
         unknown_at = tf.where(tokens == UNK_ID)[:, 0].numpy().tolist()
         if not unknown_at:
@@ -182,8 +196,8 @@ class Synthesizer:
             raise UnknownSymbols(self._unknown_message(text, pieces, unknown_at), unknown)
         kept = tf.boolean_mask(tokens, tokens != UNK_ID)
         if int(tf.size(kept)) == 0:
-            raise ValueError(f"every symbol of {text!r} is unknown to this run ({', '.join(map(repr, unknown))}); "
-                             "nothing is left to say")
+            distinct = ", ".join(map(repr, dict.fromkeys(unknown)))
+            raise ValueError(f"every symbol of {_quoted(text)} is unknown to this run ({distinct}); nothing is left to say")
         return kept, unknown
 
     def _unknown_message(self, text: str, pieces: list[str], unknown_at: list[int]) -> str:
@@ -205,7 +219,7 @@ class Synthesizer:
         listed = ", ".join(f"{symbol!r} ({word})" for symbol, word in where.items())
         vocab = f"{self.run_dir}/vocab.txt" if self.run_dir is not None else "the run's vocab.txt"
         run = self.run_dir if self.run_dir is not None else "RUN"
-        return (f"{len(where)} {kind} of {text!r} never occurred in this run's training data, so they are not in "
+        return (f"{len(where)} {kind} of {_quoted(text)} never occurred in this run's training data, so they are not in "
                 f"{vocab} and the model would read each as <unk>, a token it never learnt: {listed}. Write the text "
                 f"with other words, or fine-tune on clips that hold them (train_main.py --init-from {run} "
                 "--output-dir NEW: its vocabulary adds them), or pass --drop-unknown to leave them out")

@@ -4,6 +4,7 @@ All comparisons run on real demo speech synthesized by espeak-ng (the session fi
 """
 
 import re
+import struct
 
 import numpy as np
 import pytest
@@ -232,6 +233,11 @@ def _wav_bytes(*chunks, riff=b"RIFF", wave=b"WAVE"):
     return riff + struct.pack("<I", 4 + len(body)) + wave + body
 
 
+def _odd_sized(contents):
+    """`contents` with its LIST chunk of "INFOabc" and a pad byte declared as the 7 bytes it is, as RIFF writes it."""
+    return contents.replace(b"LIST\x08\0\0\0INFOabc\0", b"LIST\x07\0\0\0INFOabc\0")
+
+
 def _fmt(tag=1, channels=1, rate=16000, bits=16, extra=b"", block=None, byte_rate=None):
     import struct
 
@@ -266,6 +272,11 @@ _LAYOUTS = [
     ("no fmt chunk", _wav_bytes((b"JUNK", b"\0" * 4))),
     ("truncated after an 18-byte fmt", _wav_bytes(_fmt(extra=b"\0\0"), (b"data", _PCM))[:-150]),
     ("truncated with a LIST before data", _wav_bytes(_fmt(), (b"LIST", b"INFOabcd"), (b"data", _PCM))[:-150]),
+    ("odd-sized LIST before data", _odd_sized(_wav_bytes(_fmt(), (b"LIST", b"INFOabc\0"), (b"data", _PCM)))),
+    ("odd-sized LIST after data", _odd_sized(_wav_bytes(_fmt(), (b"fact", b"\xc8\0\0\0"), (b"data", _PCM),
+                                                        (b"LIST", b"INFOabc\0")))),
+    ("data of unknown length", _wav_bytes(_fmt(), (b"fact", b"\xc8\0\0\0"), (b"data", _PCM)).replace(
+        b"data\x90\x01\0\0", b"data\xff\xff\xff\xff")),
 ]
 
 
@@ -296,6 +307,16 @@ def test_an_unusable_wav_fails_naming_the_file_and_what_to_do(tmp_path):
                              r"truncated WAV \(its header promises 400 bytes of samples, the file holds 200 bytes\)"),
         "list_first.wav": (_wav_bytes((b"LIST", b"INFOabcd"), _fmt(), (b"data", _PCM)), None,
                            "WAV with a 'LIST' chunk before its 'fmt ' chunk"),
+        # Legal files decode_wav misreads were called damaged, to be re-exported or left out, where
+        # prepare_dataset.py converts them.
+        "odd_list.wav": (_odd_sized(_wav_bytes(_fmt(), (b"LIST", b"INFOabc\0"), (b"data", _PCM))), None,
+                         "WAV with an odd-sized 'LIST' chunk, whose pad byte TensorFlow does not skip"),
+        "odd_list_after.wav": (_odd_sized(_wav_bytes(_fmt(), (b"fact", b"\xc8\0\0\0"), (b"data", _PCM), (b"LIST", b"INFOabc\0"))),
+                               None, "WAV with an odd-sized 'LIST' chunk, whose pad byte TensorFlow does not skip"),
+        "stray_bytes.wav": (_wav_bytes(_fmt(), (b"LIST", b"INFOabcd"), (b"data", _PCM)) + b"abc", None,
+                            "WAV with stray bytes after its last chunk"),
+        "streamed.wav": (_wav_bytes(_fmt(), (b"LIST", b"INFOabcd"), (b"data", _PCM)).replace(
+            b"data" + struct.pack("<I", len(_PCM)), b"data\xff\xff\xff\xff"), None, r"WAV of unknown length \(its data size is 0xFFFFFFFF"),
     }
     load = tf.function(audio.load_wav)
     for name, (contents, subtype, what) in cases.items():

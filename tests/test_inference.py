@@ -174,6 +174,22 @@ def test_phonemes_the_run_never_saw_are_named_not_read_as_unk(hello_synthesizer)
         synthesizer.tokens("Is", drop_unknown=True)  # ɪ|z
 
 
+def test_a_long_text_is_not_quoted_whole_in_its_error(hello_synthesizer):
+    """A 5,000-character text with phonemes the run never saw was quoted whole: a 5,600-character error line."""
+    from myxtts.synthesis import UnknownSymbols
+
+    synthesizer, _ = hello_synthesizer
+    text = ("Hello, is it there? " + "Hello there. " * 400)[:5000]
+    with pytest.raises(UnknownSymbols) as raised:
+        synthesizer.tokens(text)
+    message = str(raised.value)
+    assert "'ɪ' (in 'ɪ|z')" in message and "'Hello, is it there? Hello there." in message
+    assert "(5,000 characters)" in message and len(message) < 1000  # the text alone was 5,000
+    with pytest.raises(ValueError, match=r"makes no phonemes of '\?+'\.\.\. \(5,000 characters\); write") as raised:
+        synthesizer.tokens("?" * 5000)
+    assert len(str(raised.value)) < 200
+
+
 def test_synthesize_cli_stops_on_unseen_phonemes_and_drop_unknown_leaves_them_out(hello_synthesizer, tmp_path,
                                                                                  monkeypatch, capsys):
     import soundfile
@@ -265,6 +281,25 @@ def test_a_damaged_reference_clip_is_named_with_what_is_wrong_with_it(hello_synt
     message = str(raised.value)
     assert message.startswith("cannot use as a reference voice: damaged WAV") and str(damaged) in message, message
     assert "Graph execution error" not in message, message
+
+
+def test_a_reference_in_another_format_is_refused_saying_what_a_reference_must_be(hello_synthesizer, tmp_path):
+    """The advice was the corpus's: "convert the corpus once with utilities/prepare_dataset.py", which
+    takes a manifest with a transcript per clip, not one clip of a voice."""
+    import soundfile
+
+    synthesizer, _ = hello_synthesizer
+    speech = 0.3 * np.sin(np.arange(22050) * 0.05)
+    soundfile.write(tmp_path / "studio.wav", speech, 22050, subtype="PCM_24")
+    soundfile.write(tmp_path / "voice - take 1.flac", speech, 22050)
+    soundfile.write(tmp_path / "high.wav", np.repeat(speech, 4), 96000, subtype="PCM_16")
+    for name, what in (("studio.wav", "WAV of 24-bit integer samples (TensorFlow reads 16-bit integer PCM only): "),
+                       ("voice - take 1.flac", "not a WAV file (no RIFF/WAVE header): "),
+                       ("high.wav", "unsupported sample rate 96000 in ")):
+        with pytest.raises(ValueError) as raised:
+            synthesizer.reference([str(tmp_path / name)])
+        assert str(raised.value) == (f"cannot use as a reference voice: {what}{tmp_path / name} - give a whole 16-bit "
+                                     "PCM WAV of the voice (mono or stereo, 8 to 48 kHz)")
 
 
 def test_a_silent_or_too_short_reference_clip_is_refused_naming_it(hello_synthesizer, tmp_path, monkeypatch, capsys):

@@ -182,6 +182,25 @@ def odd_chunk_wav(path):
     path.write_bytes(data[:4] + struct.pack("<I", len(data) - 8) + data[8:])
 
 
+def rechunked_wav(path, before_fmt=b"", before_data=b"", after_data=b""):
+    """A 1 s 16-bit WAV with these (whole, padded) chunks inserted around its "fmt " and "data"."""
+    write_wav(path, 1.0)
+    data = path.read_bytes()
+    body = b"WAVE" + before_fmt + data[12:36] + before_data + data[36:] + after_data
+    path.write_bytes(b"RIFF" + struct.pack("<I", len(body)) + body)
+
+
+def streamed_wav(path):
+    """A 1 s 16-bit WAV whose RIFF and data sizes are 0xFFFFFFFF, as ffmpeg leaves them writing to a pipe."""
+    write_wav(path, 1.0)
+    data = path.read_bytes()
+    path.write_bytes(data[:4] + b"\xff" * 4 + data[8:40] + b"\xff" * 4 + data[44:])
+
+
+def list_chunk(text: bytes) -> bytes:
+    return b"LIST" + struct.pack("<I", len(text)) + text + b"\0" * (len(text) % 2)  # pad byte, as RIFF requires
+
+
 CONVERSIONS = {
     "flac_44k.flac": lambda p: soundfile.write(p, tone(1.0, 44100), 44100),
     "pcm24.wav": lambda p: write_wav(p, subtype="PCM_24"),
@@ -190,6 +209,12 @@ CONVERSIONS = {
     "rate_44k.wav": lambda p: write_wav(p, rate=44100),
     "wavex.wav": lambda p: write_wav(p, fmt="WAVEX"),
     "odd_chunk.wav": odd_chunk_wav,
+    # Legal RIFF that decode_wav refuses: a chunk it does not skip before "fmt ", and (the file not in
+    # the canonical layout the pipeline reads without it) an odd-sized chunk after the data.
+    "list_before_fmt.wav": lambda p: rechunked_wav(p, before_fmt=list_chunk(b"INFOISFT")),
+    "odd_chunk_after.wav": lambda p: rechunked_wav(p, before_data=b"fact" + struct.pack("<II", 4, RATE),
+                                                   after_data=list_chunk(b"INFOx")),
+    "streamed.wav": streamed_wav,  # the samples run to the end of the file: not truncated
     "vorbis.ogg": lambda p: soundfile.write(p, tone(1.0, 48000), 48000),
 }
 if "MP3" in soundfile.available_formats():  # libsndfile >= 1.1 built with mpg123 and LAME
@@ -484,3 +509,28 @@ def test_silent_clips_are_rejected_in_place_or_converted(tmp_path):
     assert "its loudest sample is at -66 dBFS" in rejected[str(corpus / "hiss.wav")][1]
     assert not (out / "audio" / "zeros_44k.wav").exists()  # nothing written for it
     assert report.rejected_by_reason == {"silent": 3}
+
+
+def test_float_samples_that_are_not_numbers_are_rejected(tmp_path):
+    """A float WAV holding NaN was converted with zeros in their place and one holding infinity with a
+    full-scale burst, kept without a word; an all-NaN one was called silent."""
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    speech = tone(1.0, RATE)
+    for name, bad in (("nan.wav", np.nan), ("inf.wav", -np.inf), ("all_nan.wav", None)):
+        samples = np.full_like(speech, np.nan) if bad is None else speech.copy()
+        if bad is not None:
+            samples[1000:1100] = bad
+        soundfile.write(corpus / name, samples, RATE, subtype="FLOAT")
+    soundfile.write(corpus / "float.wav", speech, RATE, subtype="FLOAT")
+    names = ["nan.wav", "inf.wav", "all_nan.wav", "float.wav"]
+    (corpus / "list.jsonl").write_text("".join(json.dumps({"audio_path": n, "text": n}) + "\n" for n in names))
+
+    report = prepare_dataset(corpus / "list.jsonl", tmp_path / "out", workers=1, progress=False)
+
+    assert [u.text for u in read_manifest(report.manifest_path)] == ["float.wav"]
+    assert {os.path.basename(r.audio_path): (r.reason, r.detail) for r in report.rejections} == {
+        "nan.wav": ("corrupt", "100 samples are not numbers (NaN or infinite); the file is damaged, re-export it"),
+        "inf.wav": ("corrupt", "100 samples are not numbers (NaN or infinite); the file is damaged, re-export it"),
+        "all_nan.wav": ("corrupt", f"{RATE} samples are not numbers (NaN or infinite); the file is damaged, re-export it")}
+    assert sorted(p.name for p in (tmp_path / "out" / "audio").iterdir()) == ["float.wav", "float.wav.source"]

@@ -718,3 +718,21 @@ def test_the_diagnosis_starts_a_fine_tuning_run_as_training_does(tiny_run, demo_
 
     with pytest.raises(CheckpointError, match="no checkpoint to resume"):
         prepare_run(config, tmp_path / "new", resume="require", echo=lambda m: None)
+
+
+def test_validation_clips_that_are_training_clips_are_said(demo_corpus, tmp_path):
+    """data.val_data naming the training clips themselves ran on without a word: its loss and WER,
+    "held out", were those of clips the model trained on."""
+    from myxtts.training.run_setup import prepare_run
+
+    from myxtts.data.manifest import write_jsonl
+
+    write_jsonl(read_manifest(demo_corpus)[:3], tmp_path / "val.jsonl")
+    said = []
+    prepare_run(tiny_config(demo_corpus, f"data.val_data={tmp_path / 'val.jsonl'}"), tmp_path / "run", echo=said.append)
+    assert [line for line in said if "not held out" in line] == [
+        "data: 3 of the 3 validation clips are training clips too (the same audio files in data.train_data and "
+        "data.val_data): their loss and WER are not held out; remove them from one"]
+    said.clear()
+    prepare_run(tiny_config(demo_corpus), tmp_path / "run", echo=said.append)  # held out of the training rows
+    assert not [line for line in said if "not held out" in line]

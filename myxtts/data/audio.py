@@ -20,6 +20,8 @@ import re
 import numpy as np
 import tensorflow as tf
 
+from myxtts.data.wav_header import SKIPPED_BEFORE_FMT
+
 # Rates the in-graph resampler handles. Anything else is converted once by utilities/prepare_dataset.py.
 SUPPORTED_RATES = (8000, 11025, 16000, 22050, 24000, 32000, 44100, 48000)
 
@@ -84,8 +86,6 @@ def decode_wav_bytes(contents, middle_seconds: float | None = None, *,
 # damaged file has nothing to convert (prepare_dataset.py rejects it, listing it in its report).
 _CONVERT = "convert the corpus once with utilities/prepare_dataset.py"
 _REPLACE = "re-export or remove the file (utilities/prepare_dataset.py lists every such file and leaves it out)"
-# The chunks decode_wav skips before "fmt " (tensorflow/core/lib/wav/wav_io.cc); any other there, it refuses.
-_SKIPPED_BEFORE_FMT = [b"JUNK", b"bext", b"iXML", b"qlty", b"mext", b"levl", b"link", b"axml"]
 # Chunks walked before giving up and leaving the file to decode_wav (real files have two to five).
 _MAX_CHUNKS = 64
 
@@ -141,7 +141,12 @@ def wav_refusal(contents) -> tuple[tf.Tensor, tf.Tensor]:
     def number(value):
         return tf.strings.as_string(value)
 
-    def step(offset, fmt_seen, block, data_seen, refusal, broken, chunks):
+    def misread_after(odd):
+        """Why decode_wav fails once it has walked over the odd-sized chunk `odd` ("" for none): it
+        skips no pad byte, so every chunk header after it is read one byte early."""
+        return tf.strings.join(["WAV with an odd-sized ", odd, " chunk, whose pad byte TensorFlow does not skip"])
+
+    def step(offset, fmt_seen, block, data_seen, refusal, broken, chunks, odd):
         chunk_id, chunk_size, start = read(offset, 4), u32(offset + 4), offset + 8
         header_cut = start > size
         # The "fmt " fields, read wherever this chunk is (used only when it is the "fmt " chunk).
@@ -151,13 +156,14 @@ def wav_refusal(contents) -> tuple[tf.Tensor, tf.Tensor]:
         kind = first([(tf.equal(tag, 1), "integer"), (tf.equal(tag, 3), "float")],
                      tf.strings.join(["format-", number(tag)]))
         is_fmt = tf.equal(chunk_id, b"fmt ")
-        skipped = tf.reduce_any(tf.equal(chunk_id, _SKIPPED_BEFORE_FMT))
+        skipped = tf.reduce_any(tf.equal(chunk_id, SKIPPED_BEFORE_FMT))
         is_data = tf.equal(chunk_id, b"data")
         frames = chunk_size // tf.maximum(block, 1)
         data_end = start + frames * block
         named = tf.strings.join(["'", chunk_id, "'"])
         before, after = ~fmt_seen, fmt_seen
         cases = [  # (condition, refusal, broken): the first that holds is the one reported
+            (header_cut & data_seen, "WAV with stray bytes after its last chunk, which TensorFlow does not read", False),
             (header_cut, "damaged WAV (cut off inside a chunk header)", True),
             (before & is_fmt & (start + 16 > size), "damaged WAV (cut off inside its 'fmt ' chunk)", True),
             (before & ~is_fmt & ~skipped,
@@ -172,6 +178,8 @@ def wav_refusal(contents) -> tuple[tf.Tensor, tf.Tensor]:
             (before & is_fmt & ((channels < 1) | tf.not_equal(fmt_block, 2 * channels)
                                 | tf.not_equal(byte_rate, fmt_block * fmt_rate)),
              "damaged WAV header (its channels, frame size and byte rate disagree)", True),
+            (after & is_data & tf.equal(chunk_size, 0xFFFFFFFF),  # not damaged: prepare_dataset.py converts it whole
+             "WAV of unknown length (its data size is 0xFFFFFFFF, as ffmpeg writing to a pipe leaves it)", False),
             (after & (chunk_size >= 2**31), tf.strings.join(["damaged WAV (a ", named, " chunk of over 2 GiB)"]), True),
             (after & is_data & data_seen, "WAV with more than one 'data' chunk", False),
             (after & is_data & (data_end > size),  # the same words as the fast path's check
@@ -180,21 +188,26 @@ def wav_refusal(contents) -> tuple[tf.Tensor, tf.Tensor]:
         ]
         refusal = first([(c, r) for c, r, _ in cases], "")
         broken = first([(c, b) for c, _, b in cases], False)
+        misread = tf.not_equal(refusal, "") & tf.not_equal(odd, "")  # this header was read off by a byte
+        refusal, broken = tf.where(misread, misread_after(odd), refusal), broken & ~misread
+        odd = tf.where(tf.equal(odd, "") & ~is_fmt & ~is_data & ~header_cut & tf.equal(chunk_size % 2, 1), named, odd)
         next_offset = first([(before & is_fmt, start + tf.where(tf.equal(chunk_size, 18), tf.constant(18, tf.int64), 16)),
                              (after & is_data, data_end)], start + chunk_size)
         return (next_offset, fmt_seen | is_fmt, tf.where(before & is_fmt, fmt_block, block), data_seen | (after & is_data),
-                refusal, broken, chunks + 1)
+                refusal, broken, chunks + 1, odd)
 
-    def more(offset, fmt_seen, block, data_seen, refusal, broken, chunks):
+    def more(offset, fmt_seen, block, data_seen, refusal, broken, chunks, odd):
         return tf.equal(refusal, "") & (offset < size) & (chunks < _MAX_CHUNKS)
 
     state = (tf.constant(12, tf.int64), tf.constant(False), tf.constant(0, tf.int64), tf.constant(False),
-             tf.constant(""), tf.constant(False), tf.constant(0))
-    offset, fmt_seen, _, data_seen, refusal, broken, _ = tf.while_loop(more, step, state)
+             tf.constant(""), tf.constant(False), tf.constant(0), tf.constant(""))
+    offset, fmt_seen, _, data_seen, refusal, broken, _, odd = tf.while_loop(more, step, state)
     walked = tf.equal(refusal, "") & (offset >= size)  # to the end: what is missing is known
-    refusal = first([(walked & ~fmt_seen, "damaged WAV (no 'fmt ' chunk)"),
+    missing = walked & ~(fmt_seen & data_seen)
+    refusal = first([(missing & tf.not_equal(odd, ""), misread_after(odd)),
+                     (walked & ~fmt_seen, "damaged WAV (no 'fmt ' chunk)"),
                      (walked & ~data_seen, "damaged WAV (no 'data' chunk)")], refusal)
-    return refusal, broken | (walked & ~(fmt_seen & data_seen))
+    return refusal, broken | (missing & tf.equal(odd, ""))
 
 
 def data_problem(error: tf.errors.OpError) -> str | None:

@@ -222,6 +222,9 @@ def _convert(job: _FileJob) -> float:
             samples = audio_file.read(dtype="float32", always_2d=True)  # [frames, channels]
         except (soundfile.LibsndfileError, RuntimeError) as error:
             raise BadAudioFile(CORRUPT, f"decoding failed partway ({error}); the file is damaged, re-export it")
+    if not np.isfinite(samples).all():  # float samples only; quantized below, NaN became 0 and infinity full scale
+        bad = int(np.count_nonzero(~np.isfinite(samples)))
+        raise BadAudioFile(CORRUPT, f"{bad} samples are not numbers (NaN or infinite); the file is damaged, re-export it")
     decoded_frames = samples.shape[0]
     if not is_wav and decoded_frames < declared_frames * (1.0 - _FRAME_COUNT_TOLERANCE):
         raise BadAudioFile(

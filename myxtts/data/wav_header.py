@@ -1,8 +1,9 @@
 """What a WAV file's header declares, read without decoding, and the error for unusable audio.
 
 `tf.audio.decode_wav` reads only 16-bit PCM WAV (format tag 1, a `fmt ` chunk of 16 or 18 bytes,
-no odd-sized chunk before the data, because it ignores RIFF pad bytes) and fails mid-training on a
-file whose data chunk claims more bytes than it holds. `read_wav_header` finds all of this from
+after only the chunks it skips, no odd-sized chunk before the data and every chunk after it whole,
+because it ignores RIFF pad bytes) and fails mid-training on a file whose data chunk claims more
+bytes than it holds. `read_wav_header` finds all of this from
 the chunk headers alone, well under a millisecond per file, so `prepare.py` can decide once, ahead
 of training, which files go to TensorFlow as they are and which must be converted.
 """
@@ -32,6 +33,16 @@ SILENT = "silent"
 SILENT_PEAK = 1e-3
 
 _PCM_FORMAT_TAG = 1
+# The chunks decode_wav skips before "fmt " (tensorflow/core/lib/wav/wav_io.cc); any other there, it refuses.
+SKIPPED_BEFORE_FMT = (b"JUNK", b"bext", b"iXML", b"qlty", b"mext", b"levl", b"link", b"axml")
+# The canonical layout's data offset (a 16-byte "fmt " chunk at 12, "data" at 36): the pipeline reads
+# such files without decode_wav (`audio.decode_wav_bytes`), so what follows their data does not matter.
+_CANONICAL_DATA_OFFSET = 44
+# Chunks after the data walked before leaving the file to decode_wav, as `audio.wav_refusal` does.
+_MAX_CHUNKS = 64
+# The data size a writer that cannot seek back to the header leaves there (ffmpeg writing to a pipe):
+# the length is unknown, the samples run to the end of the file, and libsndfile reads them so.
+_UNKNOWN_DATA_SIZE = 0xFFFFFFFF
 
 
 class BadAudioFile(ValueError):
@@ -124,7 +135,8 @@ def read_wav_header(path: str) -> WavHeader | None:
     """Parse a WAV header without reading the samples; None when the file is not RIFF/WAVE.
 
     Raises `BadAudioFile` when the header is broken, or when its data chunk claims more
-    bytes than the file holds: libsndfile silently shortens such files, but
+    bytes than the file holds (unless it claims 0xFFFFFFFF, a length the writer did not know: then
+    the data is what the file holds): libsndfile silently shortens such files, but
     `tf.audio.decode_wav` fails on them in the middle of training. A path that is not a regular
     file raises `BadAudioFile` before it is opened (a FIFO's open would wait for a writer).
     """
@@ -140,6 +152,7 @@ def read_wav_header(path: str) -> WavHeader | None:
         data_offset = data_size = None
         odd_chunk_before_data = False
         fmt_before_data = False
+        unskipped_before_fmt = False
         while True:
             chunk_header = handle.read(8)
             if len(chunk_header) < 8:
@@ -162,9 +175,14 @@ def read_wav_header(path: str) -> WavHeader | None:
                     break  # everything needed is known; chunks after the data do not matter
             elif data_offset is None and chunk_size % 2:
                 odd_chunk_before_data = True
+            if fmt_fields is None and chunk_id not in SKIPPED_BEFORE_FMT:
+                unskipped_before_fmt = True
             handle.seek(body_start + chunk_size + (chunk_size & 1))
             if handle.tell() >= file_size:
                 break
+        tail_ok = True
+        if fmt_before_data and data_offset != _CANONICAL_DATA_OFFSET and fmt_fields[4]:
+            tail_ok = _tail_ok_for_tf(handle, file_size, data_offset + data_size // fmt_fields[4] * fmt_fields[4])
 
     if data_offset is None:
         raise BadAudioFile(CORRUPT, "WAV file has no 'data' chunk (damaged or cut off); re-export it")
@@ -176,6 +194,9 @@ def read_wav_header(path: str) -> WavHeader | None:
         raise BadAudioFile(
             CORRUPT, f"WAV header is invalid (channels={channels}, rate={sample_rate}, block_align={block_align})"
         )
+    streamed = data_size == _UNKNOWN_DATA_SIZE
+    if streamed:  # decode_wav refuses it: converted, to the samples the file holds
+        data_size = available - available % block_align
     if data_size > available:
         claimed, held = data_size // block_align, available // block_align
         raise BadAudioFile(
@@ -192,8 +213,27 @@ def read_wav_header(path: str) -> WavHeader | None:
         fmt_chunk_size=fmt_chunk_size,
         data_size=data_size,
         data_offset=data_offset,
-        layout_ok_for_tf=fmt_before_data and not odd_chunk_before_data,
+        layout_ok_for_tf=(fmt_before_data and not odd_chunk_before_data and not unskipped_before_fmt and tail_ok
+                          and not streamed),
     )
+
+
+def _tail_ok_for_tf(handle, file_size: int, offset: int) -> bool:
+    """Whether decode_wav reads the chunks after the data (from `offset`, its end) as it walks them:
+    no pad byte skipped, so each chunk header must be whole where it lands, and no second data chunk.
+    A legal odd-sized chunk there (a LIST of tags) or a stray byte at the end fails it."""
+    for _ in range(_MAX_CHUNKS):
+        if offset >= file_size:
+            return True
+        handle.seek(offset)
+        chunk_header = handle.read(8)
+        if len(chunk_header) < 8 or chunk_header[:4] == b"data":
+            return False
+        (chunk_size,) = struct.unpack("<I", chunk_header[4:])
+        if chunk_size >= 2**31:
+            return False
+        offset += 8 + chunk_size
+    return True
 
 
 # Blocks read first when looking for sound in a 16-bit WAV: speech fills most of a clip, so one of

@@ -240,4 +240,10 @@ def prepare_run(config: Config, workdir: str | Path | None = None, *, resume: st
                         base_vocabulary=source.vocabulary if source else None)
     echo(f"data: {len(text.train_rows)} training and {len(text.val_rows)} validation clips, "
          f"vocabulary of {len(text.vocabulary)} tokens")
+    training_files = {u.audio_path for u in train_rows}
+    if shared := sum(u.audio_path in training_files for u in val_rows):
+        # data.val_data naming training clips: its loss and WER say how well the model learnt them, not
+        # how it speaks what it never heard, and picking checkpoints by them picks the most memorised.
+        echo(f"data: {shared} of the {len(val_rows)} validation clips are training clips too (the same audio "
+             f"files in data.train_data and data.val_data): their loss and WER are not held out; remove them from one")
     return Run(config=config, workdir=workdir, text=text, resuming=resuming, source=source)
