@@ -198,14 +198,19 @@ def test_a_clip_that_is_not_a_wav_is_named_in_one_line(demo_corpus, tmp_path, ca
 @pytest.mark.parametrize("argv, message", [
     (["--resume"], "--resume: no checkpoint to resume in"),
     (["--init-from", "/nonexistent/run"], "training.init_from (--init-from): no checkpoint found at /nonexistent/run"),
-], ids=["resume", "init_from"])
-def test_a_checkpoint_that_is_not_there_is_named_before_the_probes(argv, message, demo_corpus, tmp_path, capsys):
-    # Both were named only after the hardware plan's probes (the CPU precision probe: up to a minute).
+    (["--set", "training.vocoder=/nonexistent/vocoder"], "training.vocoder: /nonexistent/vocoder is not a vocoder folder "
+     "(no vocoder.json); pass the --output-dir of utilities/train_vocoder.py, or \"\" for Griffin-Lim"),
+], ids=["resume", "init_from", "vocoder"])
+def test_a_checkpoint_or_vocoder_that_is_not_there_is_named_before_the_probes(argv, message, demo_corpus, tmp_path,
+                                                                             capsys):
+    # Each was named only after the hardware plan's probes (the CPU precision probe: up to a minute); a
+    # missing training.vocoder also left the run folder with config.yaml, logs and vocab.txt behind.
     assert train_main.main(["--train-data", str(demo_corpus), "--output-dir", str(tmp_path / "run"), "--max-steps", "1",
                             *argv]) == 2
     captured = capsys.readouterr()
     assert message in captured.err.strip().splitlines()[-1], captured.err
     assert "precision:" not in captured.out + captured.err  # the probe never started, cached or not
+    assert not (tmp_path / "run").exists()
 
 
 def test_ctrl_c_outside_the_training_loop_is_a_line_saying_what_is_kept(demo_corpus, tmp_path, monkeypatch, capsys):

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import tensorflow as tf
 
-from myxtts.config import Config
+from myxtts.config import Config, ConfigError
 from myxtts.data.audio import data_problem
 from myxtts.data.splits import load_splits
 from myxtts.data.phonemes import check_language
@@ -41,6 +41,7 @@ from myxtts.hardware.plan import Plan, RequestedSettings, plan_for_machine
 from myxtts.hardware.probe_runner import probe_batch_size
 from myxtts.hardware.report import short_summary
 from myxtts.models.alignment import AlignmentLoops
+from myxtts.models.vocoder import check_features, vocoder_settings
 from myxtts.hardware.probe import default_cache_dir
 from myxtts.startup_noise import start_tensorflow
 from myxtts.training import batch_probe, distribute, precision_probe, xla_cache
@@ -218,6 +219,18 @@ def starting_point(config: Config, workdir: Path | None, resume: str = "auto") -
         source = load_source(config.training.init_from)
         check_same_text(source, config)
     return resuming, source
+
+
+def check_validation_inputs(config: Config) -> None:
+    """Raises, naming the key, when `training.vocoder` is no vocoder folder for this run's features:
+    validation loads it only after the hardware probes (minutes on a first run)."""
+    t = config.training
+    if t.vocoder:
+        try:
+            settings = vocoder_settings(t.vocoder, griffin_lim='"" for Griffin-Lim')
+        except FileNotFoundError as error:
+            raise ConfigError(f"training.vocoder: {error}") from None
+        check_features(t.vocoder, settings, config.data)
 
 
 def prepare_run(config: Config, workdir: str | Path | None = None, *, resume: str = "auto",
