@@ -200,11 +200,14 @@ def test_a_clip_that_is_not_a_wav_is_named_in_one_line(demo_corpus, tmp_path, ca
     (["--init-from", "/nonexistent/run"], "training.init_from (--init-from): no checkpoint found at /nonexistent/run"),
     (["--set", "training.vocoder=/nonexistent/vocoder"], "training.vocoder: /nonexistent/vocoder is not a vocoder folder "
      "(no vocoder.json); pass the --output-dir of utilities/train_vocoder.py, or \"\" for Griffin-Lim"),
-], ids=["resume", "init_from", "vocoder"])
-def test_a_checkpoint_or_vocoder_that_is_not_there_is_named_before_the_probes(argv, message, demo_corpus, tmp_path,
-                                                                             capsys):
+    (["--set", "data.unseen_voices_data=/nonexistent/voices"],
+     "data.unseen_voices_data: dataset path /nonexistent/voices does not exist"),
+], ids=["resume", "init_from", "vocoder", "unseen_voices"])
+def test_a_checkpoint_vocoder_or_corpus_that_is_not_there_is_named_before_the_probes(argv, message, demo_corpus,
+                                                                                     tmp_path, capsys):
     # Each was named only after the hardware plan's probes (the CPU precision probe: up to a minute); a
-    # missing training.vocoder also left the run folder with config.yaml, logs and vocab.txt behind.
+    # missing training.vocoder or data.unseen_voices_data also left the run folder with config.yaml, logs
+    # and vocab.txt behind, and the latter's error named no key.
     assert train_main.main(["--train-data", str(demo_corpus), "--output-dir", str(tmp_path / "run"), "--max-steps", "1",
                             *argv]) == 2
     captured = capsys.readouterr()

@@ -28,6 +28,7 @@ import tensorflow as tf
 
 from myxtts.config import Config, ConfigError
 from myxtts.data.audio import data_problem
+from myxtts.data.manifest import ManifestError, locate_manifest
 from myxtts.data.splits import load_splits
 from myxtts.data.phonemes import check_language
 from myxtts.diagnostics import alignment_timing, capacity
@@ -222,15 +223,21 @@ def starting_point(config: Config, workdir: Path | None, resume: str = "auto") -
 
 
 def check_validation_inputs(config: Config) -> None:
-    """Raises, naming the key, when `training.vocoder` is no vocoder folder for this run's features:
-    validation loads it only after the hardware probes (minutes on a first run)."""
-    t = config.training
+    """Raises, naming the key, when `training.vocoder` is no vocoder folder for this run's features or
+    `data.unseen_voices_data` no dataset: validation loads them only after the hardware probes
+    (minutes on a first run)."""
+    t, d = config.training, config.data
     if t.vocoder:
         try:
             settings = vocoder_settings(t.vocoder, griffin_lim='"" for Griffin-Lim')
         except FileNotFoundError as error:
             raise ConfigError(f"training.vocoder: {error}") from None
-        check_features(t.vocoder, settings, config.data)
+        check_features(t.vocoder, settings, d)
+    if d.unseen_voices_data and t.voice_sentences:
+        try:
+            locate_manifest(d.unseen_voices_data)
+        except (FileNotFoundError, ManifestError) as error:
+            raise ConfigError(f"data.unseen_voices_data: {error}") from None
 
 
 def prepare_run(config: Config, workdir: str | Path | None = None, *, resume: str = "auto",
