@@ -490,6 +490,10 @@ def validate(config: Config) -> None:
     for key in ("warmup_steps", "weight_decay", "clip_norm", "steps_per_execution"):
         if getattr(t, key) < 0:
             problems.append(f"training.{key} must be >= 0, got {getattr(t, key)}")
+    if t.optimizer == "prodigy" and 0 < t.learning_rate < 0.1:
+        # It scales the step size estimate's own growth too: at AdamW's 0.001 it stays at its start, 1e-6.
+        problems.append(f"training.learning_rate multiplies Prodigy's own step size: use 1.0 (below 0.1 Prodigy's "
+                        f"estimate of it stalls and the run barely trains), got {t.learning_rate}")
     if t.effective_batch_size <= 0:
         problems.append(f"training.effective_batch_size must be positive, got {t.effective_batch_size}")
     if t.enable_xla_compilation is True and t.enable_graph_mode is False:

@@ -224,6 +224,15 @@ def test_xla_without_graph_mode_is_refused():
         load_config(overrides=["training.enable_graph_mode=false", "training.enable_xla_compilation=true"])
 
 
+def test_prodigy_at_adamws_learning_rate_is_refused():
+    # `--optimizer prodigy` alone kept AdamW's 0.001, which also scales Prodigy's estimate of its step
+    # size: that stayed at its start (1e-6) and the run never moved.
+    with pytest.raises(ConfigError, match=re.escape("training.learning_rate multiplies Prodigy's own step size: "
+                                                    "use 1.0 (below 0.1")):
+        load_config(overrides=["training.optimizer=prodigy"])
+    assert load_config(overrides=["training.optimizer=prodigy", "training.learning_rate=1.0"]).training.learning_rate == 1.0
+
+
 def test_set_override_must_be_key_value():
     with pytest.raises(ConfigError, match="expected key=value"):
         load_config(overrides=["data.batch_size"])

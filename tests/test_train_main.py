@@ -16,14 +16,14 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_every_flag_sets_its_config_key():
     args = train_main.parse_args([
         "--train-data", "/d/train", "--val-data", "/d/val", "--batch-size", "8", "--grad-accum", "3",
-        "--num-workers", "2", "--lr", "0.0005", "--model-size", "tiny", "--optimization-level", "basic",
+        "--num-workers", "2", "--lr", "0.5", "--model-size", "tiny", "--optimization-level", "basic",
         "--optimizer", "prodigy", "--precision", "bf16", "--max-steps", "77", "--set", "data.n_mels=64",
         "--init-from", "runs/base",
     ])
     config, _ = train_main.build_config(args)
     d, t = config.data, config.training
     assert (d.train_data, d.val_data, d.batch_size, d.num_workers, d.n_mels) == ("/d/train", "/d/val", 8, 2, 64)
-    assert (t.gradient_accumulation_steps, t.learning_rate, t.optimizer, t.precision, t.max_steps) == (3, 0.0005, "prodigy", "bf16", 77)
+    assert (t.gradient_accumulation_steps, t.learning_rate, t.optimizer, t.precision, t.max_steps) == (3, 0.5, "prodigy", "bf16", 77)
     assert (config.model.size, t.optimization_level, t.enable_xla_compilation) == ("tiny", "basic", False)
     assert t.init_from == "runs/base"
 
