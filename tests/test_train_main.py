@@ -216,6 +216,16 @@ def test_a_checkpoint_vocoder_or_corpus_that_is_not_there_is_named_before_the_pr
     assert not (tmp_path / "run").exists()
 
 
+def test_a_batch_size_above_the_training_clips_is_named_before_the_probes(demo_corpus, tmp_path, capsys):
+    # 22 training clips and --batch-size 32: said only after the CPU precision probe had timed batches of 32.
+    assert train_main.main(["--train-data", str(demo_corpus), "--output-dir", str(tmp_path / "run"), "--max-steps", "1",
+                            "--model-size", "tiny", "--batch-size", "32"]) == 2
+    captured = capsys.readouterr()
+    assert "error: the 22 training clips do not fill one batch of 32" in captured.err.strip().splitlines()[-1], captured.err
+    assert "precision:" not in captured.out + captured.err  # the probe never started, cached or not
+    assert not (tmp_path / "run").exists()
+
+
 def test_ctrl_c_outside_the_training_loop_is_a_line_saying_what_is_kept(demo_corpus, tmp_path, monkeypatch, capsys):
     """Ctrl-C while the corpus was read, the hardware probed or the step traced (and after training,
     while it measured and spoke the sample) was KeyboardInterrupt's traceback."""

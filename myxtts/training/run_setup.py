@@ -29,6 +29,7 @@ import tensorflow as tf
 from myxtts.config import Config, ConfigError
 from myxtts.data.audio import data_problem
 from myxtts.data.manifest import ManifestError, locate_manifest
+from myxtts.data.pipeline import NoFullBatch
 from myxtts.data.splits import load_splits
 from myxtts.data.phonemes import check_language
 from myxtts.diagnostics import alignment_timing, capacity
@@ -88,7 +89,9 @@ def resolve_plan(config: Config, echo=console_echo) -> tuple[Config, str, Plan]:
     )
     # The probes below can take minutes on their first run: a mistyped data path or a bad row (an empty
     # transcript, say) fails before them. Reading the rows opens no audio: it takes moments.
-    load_splits(config)
+    train_rows, _ = load_splits(config)
+    if d.batch_size > len(train_rows):  # a batch size set larger than the training split: no batch to probe
+        raise NoFullBatch(len(train_rows), d)
     # The input route before the batch probe: with mel_on_device a step holds waveforms and the STFT.
     config = apply_input_route(config, facts, echo, graph_mode=not plan.xla)
     d = config.data
