@@ -196,6 +196,11 @@ PRESETS: dict[str, dict[str, Any]] = {
 PRESETS["experimental"] = {**PRESETS["enhanced"], "training.steps_per_execution": 4, "data.mel_on_device": True}
 
 
+# The keys that hold a file or folder: `~/` at their start is the home folder's, as in a shell.
+PATH_KEYS = frozenset({"data.train_data", "data.val_data", "data.unseen_voices_data", "data.cache_dir",
+                       "training.init_from", "training.vocoder"})
+
+
 def _round_up(value: int, multiple: int) -> int:
     return -(-value // multiple) * multiple
 
@@ -304,7 +309,10 @@ def set_value(config: Config, key: str, value: Any, *, source: str) -> None:
     if name not in _field_names(node) or dataclasses.is_dataclass(getattr(node, name)):
         raise _unknown_key(key, source)
     hint = typing.get_type_hints(type(node))[name]
-    setattr(node, name, _coerce(value, hint, key, source))
+    value = _coerce(value, hint, key, source)
+    if key in PATH_KEYS and value.startswith("~/"):
+        value = os.path.expanduser(value)  # no shell expanded it in a YAML file or after `--set key=`
+    setattr(node, name, value)
 
 
 def _field_names(node: Any) -> set[str]:
