@@ -196,6 +196,11 @@ PRESETS: dict[str, dict[str, Any]] = {
 PRESETS["experimental"] = {**PRESETS["enhanced"], "training.steps_per_execution": 4, "data.mel_on_device": True}
 
 
+# The keys that hold a file or folder: `~/` at their start is the home folder's, as in a shell.
+PATH_KEYS = frozenset({"data.train_data", "data.val_data", "data.unseen_voices_data", "data.cache_dir",
+                       "training.init_from", "training.vocoder"})
+
+
 def _round_up(value: int, multiple: int) -> int:
     return -(-value // multiple) * multiple
 
@@ -304,7 +309,10 @@ def set_value(config: Config, key: str, value: Any, *, source: str) -> None:
     if name not in _field_names(node) or dataclasses.is_dataclass(getattr(node, name)):
         raise _unknown_key(key, source)
     hint = typing.get_type_hints(type(node))[name]
-    setattr(node, name, _coerce(value, hint, key, source))
+    value = _coerce(value, hint, key, source)
+    if key in PATH_KEYS and value.startswith("~/"):
+        value = os.path.expanduser(value)  # no shell expanded it in a YAML file or after `--set key=`
+    setattr(node, name, value)
 
 
 def _field_names(node: Any) -> set[str]:
@@ -490,6 +498,10 @@ def validate(config: Config) -> None:
     for key in ("warmup_steps", "weight_decay", "clip_norm", "steps_per_execution"):
         if getattr(t, key) < 0:
             problems.append(f"training.{key} must be >= 0, got {getattr(t, key)}")
+    if t.optimizer == "prodigy" and 0 < t.learning_rate < 0.1:
+        # It scales the step size estimate's own growth too: at AdamW's 0.001 it stays at its start, 1e-6.
+        problems.append(f"training.learning_rate multiplies Prodigy's own step size: use 1.0 (below 0.1 Prodigy's "
+                        f"estimate of it stalls and the run barely trains), got {t.learning_rate}")
     if t.effective_batch_size <= 0:
         problems.append(f"training.effective_batch_size must be positive, got {t.effective_batch_size}")
     if t.enable_xla_compilation is True and t.enable_graph_mode is False:

@@ -224,6 +224,22 @@ def test_xla_without_graph_mode_is_refused():
         load_config(overrides=["training.enable_graph_mode=false", "training.enable_xla_compilation=true"])
 
 
+def test_prodigy_at_adamws_learning_rate_is_refused():
+    # `--optimizer prodigy` alone kept AdamW's 0.001, which also scales Prodigy's estimate of its step
+    # size: that stayed at its start (1e-6) and the run never moved.
+    with pytest.raises(ConfigError, match=re.escape("training.learning_rate multiplies Prodigy's own step size: "
+                                                    "use 1.0 (below 0.1")):
+        load_config(overrides=["training.optimizer=prodigy"])
+    assert load_config(overrides=["training.optimizer=prodigy", "training.learning_rate=1.0"]).training.learning_rate == 1.0
+
+
+def test_a_path_from_the_home_folder_is_taken_as_the_shell_takes_it(tmp_path, monkeypatch):
+    # `data.cache_dir: ~/cache` made a folder named "~" under the current one and cached there, silently.
+    monkeypatch.setenv("HOME", str(tmp_path))
+    config = load_config(_write(tmp_path, "data:\n  cache_dir: ~/cache\n"), overrides=["training.vocoder=~/vocoder"])
+    assert (config.data.cache_dir, config.training.vocoder) == (f"{tmp_path}/cache", f"{tmp_path}/vocoder")
+
+
 def test_set_override_must_be_key_value():
     with pytest.raises(ConfigError, match="expected key=value"):
         load_config(overrides=["data.batch_size"])

@@ -2,6 +2,7 @@
 
 import math
 import os
+import re
 
 import numpy as np
 import pytest
@@ -9,7 +10,8 @@ import tensorflow as tf
 
 from myxtts.config import load_config
 from myxtts.data.manifest import Utterance, read_manifest
-from myxtts.data.pipeline import assign_references, bucket_index, build_dataset, shuffle_with_key
+from myxtts.data.pipeline import (Epochs, NoFullBatch, assign_references, bucket_index, build_dataset,
+                                   shuffle_with_key)
 from myxtts.data.text import PAD_ID
 from myxtts.diagnostics.graph_scan import find_python_ops
 
@@ -206,6 +208,14 @@ def test_length_filter_drops_clips_outside_the_limits(utterances):
     seconds = [(n - 1) * 256 / 22050 for n in kept]
     assert kept and all(2.98 <= s <= 6.0 for s in seconds)
     assert len(kept) < len(utterances)
+
+
+def test_no_full_batch_names_the_text_limit_too(utterances):
+    # With data.max_chars_per_second: 0.1 every clip had too many tokens, and the error named the durations alone.
+    epochs = Epochs(_config("data.max_chars_per_second=0.1"), utterances, training=True)
+    with pytest.raises(NoFullBatch, match=re.escape("or with more than 8 tokens (data.max_chars_per_second x the last of "
+                                                    "data.bucket_boundaries_s) are dropped")):
+        epochs.batches_per_epoch()
 
 
 def test_keys_change_what_is_built(utterances, tmp_path):

@@ -35,6 +35,7 @@ def test_every_variable_of_the_compiled_steps_stays_on_the_gpu(demo_corpus, opti
     # Without XLA for the step, a GPU compiles the optimizer's update alone (its variables are captured
     # by the step too, through the call); set here as TrainingModel.compile sets it on a GPU.
     config = tiny_config(demo_corpus, f"training.optimizer={optimizer}", f"training.precision={precision}",
+                         f"training.learning_rate={1.0 if optimizer == 'prodigy' else 1e-3}",
                          "training.gradient_accumulation_steps=2", "training.decoder_window=32",
                          f"training.enable_xla_compilation={str(xla).lower()}")
     rows = read_manifest(demo_corpus)

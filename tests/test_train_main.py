@@ -16,14 +16,14 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_every_flag_sets_its_config_key():
     args = train_main.parse_args([
         "--train-data", "/d/train", "--val-data", "/d/val", "--batch-size", "8", "--grad-accum", "3",
-        "--num-workers", "2", "--lr", "0.0005", "--model-size", "tiny", "--optimization-level", "basic",
+        "--num-workers", "2", "--lr", "0.5", "--model-size", "tiny", "--optimization-level", "basic",
         "--optimizer", "prodigy", "--precision", "bf16", "--max-steps", "77", "--set", "data.n_mels=64",
         "--init-from", "runs/base",
     ])
     config, _ = train_main.build_config(args)
     d, t = config.data, config.training
     assert (d.train_data, d.val_data, d.batch_size, d.num_workers, d.n_mels) == ("/d/train", "/d/val", 8, 2, 64)
-    assert (t.gradient_accumulation_steps, t.learning_rate, t.optimizer, t.precision, t.max_steps) == (3, 0.0005, "prodigy", "bf16", 77)
+    assert (t.gradient_accumulation_steps, t.learning_rate, t.optimizer, t.precision, t.max_steps) == (3, 0.5, "prodigy", "bf16", 77)
     assert (config.model.size, t.optimization_level, t.enable_xla_compilation) == ("tiny", "basic", False)
     assert t.init_from == "runs/base"
 
@@ -198,14 +198,32 @@ def test_a_clip_that_is_not_a_wav_is_named_in_one_line(demo_corpus, tmp_path, ca
 @pytest.mark.parametrize("argv, message", [
     (["--resume"], "--resume: no checkpoint to resume in"),
     (["--init-from", "/nonexistent/run"], "training.init_from (--init-from): no checkpoint found at /nonexistent/run"),
-], ids=["resume", "init_from"])
-def test_a_checkpoint_that_is_not_there_is_named_before_the_probes(argv, message, demo_corpus, tmp_path, capsys):
-    # Both were named only after the hardware plan's probes (the CPU precision probe: up to a minute).
+    (["--set", "training.vocoder=/nonexistent/vocoder"], "training.vocoder: /nonexistent/vocoder is not a vocoder folder "
+     "(no vocoder.json); pass the --output-dir of utilities/train_vocoder.py, or \"\" for Griffin-Lim"),
+    (["--set", "data.unseen_voices_data=/nonexistent/voices"],
+     "data.unseen_voices_data: dataset path /nonexistent/voices does not exist"),
+], ids=["resume", "init_from", "vocoder", "unseen_voices"])
+def test_a_checkpoint_vocoder_or_corpus_that_is_not_there_is_named_before_the_probes(argv, message, demo_corpus,
+                                                                                     tmp_path, capsys):
+    # Each was named only after the hardware plan's probes (the CPU precision probe: up to a minute); a
+    # missing training.vocoder or data.unseen_voices_data also left the run folder with config.yaml, logs
+    # and vocab.txt behind, and the latter's error named no key.
     assert train_main.main(["--train-data", str(demo_corpus), "--output-dir", str(tmp_path / "run"), "--max-steps", "1",
                             *argv]) == 2
     captured = capsys.readouterr()
     assert message in captured.err.strip().splitlines()[-1], captured.err
     assert "precision:" not in captured.out + captured.err  # the probe never started, cached or not
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_batch_size_above_the_training_clips_is_named_before_the_probes(demo_corpus, tmp_path, capsys):
+    # 22 training clips and --batch-size 32: said only after the CPU precision probe had timed batches of 32.
+    assert train_main.main(["--train-data", str(demo_corpus), "--output-dir", str(tmp_path / "run"), "--max-steps", "1",
+                            "--model-size", "tiny", "--batch-size", "32"]) == 2
+    captured = capsys.readouterr()
+    assert "error: the 22 training clips do not fill one batch of 32" in captured.err.strip().splitlines()[-1], captured.err
+    assert "precision:" not in captured.out + captured.err  # the probe never started, cached or not
+    assert not (tmp_path / "run").exists()
 
 
 def test_ctrl_c_outside_the_training_loop_is_a_line_saying_what_is_kept(demo_corpus, tmp_path, monkeypatch, capsys):

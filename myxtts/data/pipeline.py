@@ -443,8 +443,10 @@ class NoFullBatch(ValueError):
     def __init__(self, clips: int, d: DataConfig, batch_size: int | None = None):
         super().__init__(
             f"the {clips} training clips do not fill one batch of {batch_size or d.batch_size}: clips outside "
-            f"data.min_duration_s / data.max_duration_s ({d.min_duration_s}-{d.max_duration_s} s) are dropped, and with "
-            "data.bucketing each length bucket fills its own batches; lower data.batch_size (--batch-size) or add data")
+            f"data.min_duration_s / data.max_duration_s ({d.min_duration_s}-{d.max_duration_s} s) or with more than "
+            f"{d.bucket_text_lengths[-1]} tokens (data.max_chars_per_second x the last of data.bucket_boundaries_s) are "
+            "dropped, and with data.bucketing each length bucket fills its own batches; lower data.batch_size "
+            "(--batch-size) or add data")
 
 
 def first_batch(config: Config, rows: list[Utterance], vocabulary: Vocabulary) -> dict:

@@ -234,14 +234,15 @@ def is_vocoder_folder(folder) -> bool:
     return (Path(folder) / WEIGHTS_FILE).is_file() and (Path(folder) / SETTINGS_FILE).is_file()
 
 
-def vocoder_settings(folder) -> dict:
+def vocoder_settings(folder, griffin_lim: str = "griffin-lim") -> dict:
     """What `save_vocoder` recorded in `folder` ("size", "phase_prior" (absent: "none", as saved before
-    there were priors), "features"); FileNotFoundError naming what a vocoder folder lacks."""
+    there were priors), "features"); FileNotFoundError naming what a vocoder folder lacks, and
+    `griffin_lim`, how the caller asks for Griffin-Lim instead."""
     folder = Path(folder)
     for name in (SETTINGS_FILE, WEIGHTS_FILE):
         if not (folder / name).is_file():
             raise FileNotFoundError(f"{folder} is not a vocoder folder (no {name}); pass the --output-dir of "
-                                    "utilities/train_vocoder.py, or griffin-lim")
+                                    f"utilities/train_vocoder.py, or {griffin_lim}")
     try:
         settings = json.loads((folder / SETTINGS_FILE).read_text(encoding="utf-8"))
     except ValueError as error:

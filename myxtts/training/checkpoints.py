@@ -1,7 +1,8 @@
 """Checkpoints: `latest` (periodic and on Ctrl-C/SIGTERM), `best_mel` and `best_wer` (by validation).
 
 Every variable is stored under its own name: the network's by its Keras path without the model's
-name ("block_0/attention/query/kernel"), the optimizer's likewise ("block_0_..._momentum"). The
+name ("block_0/attention/query/kernel"), the optimizer's likewise ("block_0_..._momentum"; an fp16
+run's LossScaleOptimizer's own under "loss_scale/"). The
 checkpoint is not the object graph Keras layers expose to `tf.train.Checkpoint`: on Keras 3.15 that
 graph skips layers kept in lists (the transformer blocks) and saved 41 of the tiny model's 89
 weights, measured, while restoring without complaint. Names also survive Keras renaming a second
@@ -64,8 +65,7 @@ class Checkpoints:
         if not optimizer.built:
             raise CheckpointError("build the optimizer before creating Checkpoints: its state would not be saved")
         self._full = tf.train.Checkpoint(network=network_variables(network),
-                                         optimizer=_by_name(optimizer.variables, _path_prefix(network).replace("/", "_"),
-                                                            optimizer_variables=True))
+                                         optimizer=tf.train.Checkpoint(**_optimizer_names(optimizer, network)))
         self._managers = {}  # made when first needed: a damaged state file must not stop the restore (checkpoint_fallback)
 
     def _manager(self, kind: str) -> tf.train.CheckpointManager:
@@ -161,7 +161,7 @@ class Checkpoints:
         prefix, suffix = "optimizer/", "/.ATTRIBUTES/VARIABLE_VALUE"
         stored = {_unescape(key[len(prefix) : -len(suffix)]) for key in reader.get_variable_to_shape_map()
                   if key.startswith(prefix) and key.endswith(suffix)}
-        named = _names(self.optimizer.variables, _path_prefix(self.network).replace("/", "_"), optimizer_variables=True)
+        named = _optimizer_names(self.optimizer, self.network)
         absent = {name for name in named if name.endswith(ACCUMULATOR_SUFFIX) and name not in stored}
         target = tf.train.Checkpoint(network=network_variables(self.network),
                                      optimizer=tf.train.Checkpoint(**{n: v for n, v in named.items() if n not in absent}))
@@ -260,9 +260,18 @@ def _restore(checkpoint: tf.train.Checkpoint, path: str, strict: bool, mismatch:
         raise CheckpointError(f"{path} {mismatch}: {str(error).splitlines()[0][:300]}") from None
 
 
-def _by_name(variables, prefix: str, optimizer_variables: bool = False) -> tf.train.Checkpoint:
-    """A trackable holding `variables` under their paths without `prefix`."""
-    return tf.train.Checkpoint(**_names(variables, prefix, optimizer_variables))
+def _optimizer_names(optimizer, network) -> dict:
+    """{name: variable} of the optimizer's variables (see `_names`). A LossScaleOptimizer's own (its
+    scale and step counter, and an `iteration` and `learning_rate` of its own, whose names the inner
+    optimizer's share) go under "loss_scale/"."""
+    prefix = _path_prefix(network).replace("/", "_")
+    inner = _inner(optimizer)
+    named = _names(inner.variables, prefix, optimizer_variables=True)
+    if inner is not optimizer:
+        inner_ids = {id(v) for v in inner.variables}
+        own = [v for v in optimizer.variables if id(v) not in inner_ids]
+        named.update({f"loss_scale/{name}": v for name, v in _names(own, prefix, optimizer_variables=True).items()})
+    return named
 
 
 def _names(variables, prefix: str, optimizer_variables: bool = False) -> dict:

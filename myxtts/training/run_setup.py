@@ -26,8 +26,10 @@ from pathlib import Path
 
 import tensorflow as tf
 
-from myxtts.config import Config
+from myxtts.config import Config, ConfigError
 from myxtts.data.audio import data_problem
+from myxtts.data.manifest import ManifestError, locate_manifest
+from myxtts.data.pipeline import NoFullBatch
 from myxtts.data.splits import load_splits
 from myxtts.data.phonemes import check_language
 from myxtts.diagnostics import alignment_timing, capacity
@@ -41,6 +43,7 @@ from myxtts.hardware.plan import Plan, RequestedSettings, plan_for_machine
 from myxtts.hardware.probe_runner import probe_batch_size
 from myxtts.hardware.report import short_summary
 from myxtts.models.alignment import AlignmentLoops
+from myxtts.models.vocoder import check_features, vocoder_settings
 from myxtts.hardware.probe import default_cache_dir
 from myxtts.startup_noise import start_tensorflow
 from myxtts.training import batch_probe, distribute, precision_probe, xla_cache
@@ -86,7 +89,9 @@ def resolve_plan(config: Config, echo=console_echo) -> tuple[Config, str, Plan]:
     )
     # The probes below can take minutes on their first run: a mistyped data path or a bad row (an empty
     # transcript, say) fails before them. Reading the rows opens no audio: it takes moments.
-    load_splits(config)
+    train_rows, _ = load_splits(config)
+    if d.batch_size > len(train_rows):  # a batch size set larger than the training split: no batch to probe
+        raise NoFullBatch(len(train_rows), d)
     # The input route before the batch probe: with mel_on_device a step holds waveforms and the STFT.
     config = apply_input_route(config, facts, echo, graph_mode=not plan.xla)
     d = config.data
@@ -218,6 +223,24 @@ def starting_point(config: Config, workdir: Path | None, resume: str = "auto") -
         source = load_source(config.training.init_from)
         check_same_text(source, config)
     return resuming, source
+
+
+def check_validation_inputs(config: Config) -> None:
+    """Raises, naming the key, when `training.vocoder` is no vocoder folder for this run's features or
+    `data.unseen_voices_data` no dataset: validation loads them only after the hardware probes
+    (minutes on a first run)."""
+    t, d = config.training, config.data
+    if t.vocoder:
+        try:
+            settings = vocoder_settings(t.vocoder, griffin_lim='"" for Griffin-Lim')
+        except FileNotFoundError as error:
+            raise ConfigError(f"training.vocoder: {error}") from None
+        check_features(t.vocoder, settings, d)
+    if d.unseen_voices_data and t.voice_sentences:
+        try:
+            locate_manifest(d.unseen_voices_data)
+        except (FileNotFoundError, ManifestError) as error:
+            raise ConfigError(f"data.unseen_voices_data: {error}") from None
 
 
 def prepare_run(config: Config, workdir: str | Path | None = None, *, resume: str = "auto",

@@ -41,7 +41,8 @@ from myxtts.training.checkpoints import Checkpoints, CheckpointError, DiskFull, 
 from myxtts.training.init_from import InitSource, initialize_from
 from myxtts.training.run_folder import WAYS_OUT, RunText, finish_reset, reset_run, settings_changed, undo_reset
 from myxtts.training.run_lock import LOCK_FILE, run_folder_lock
-from myxtts.training.run_setup import batch_plan_of, prepare_run, resolve_plan, starting_point
+from myxtts.training.run_setup import (batch_plan_of, check_validation_inputs, prepare_run, resolve_plan,
+                                       starting_point)
 from myxtts.training.service_watchdog import watchdog_for
 from myxtts.training.optimizers import build_optimizer
 from myxtts.training.step import TrainingModel
@@ -128,6 +129,7 @@ def _train(config: Config, workdir: Path, resume: str, epochs: float | None, ech
     # worker of a cluster keeps its checkpoints in a folder of its own, known only once the strategy is).
     if _is_chief_by_environment():
         starting_point(config, workdir, "require" if resume == "require" else "auto")
+    check_validation_inputs(config)
     config, policy, plan = resolve_plan(config, echo)
     # Before any other TensorFlow work: MultiWorkerMirroredStrategy configures the runtime.
     strategy = distribute.strategy_for(plan)
