@@ -339,11 +339,11 @@ def _coerce(value: Any, hint: Any, key: str, source: str) -> Any:
                 return _coerce(value, option, key, source)
             except ConfigError:
                 pass
-        raise ConfigError(f"{source}: {key} must be {_describe(hint)}, got {value!r}")
+        raise ConfigError(f"{source}: {key} must be {_describe(hint)}, got {value!r}{_unquoted(value)}")
     if origin is Literal:
         allowed = typing.get_args(hint)
         if value not in allowed:
-            raise ConfigError(f"{source}: {key} must be one of {', '.join(map(str, allowed))}; got {value!r}")
+            raise ConfigError(f"{source}: {key} must be one of {', '.join(map(str, allowed))}; got {value!r}{_unquoted(value)}")
         return value
     if origin is list:
         (item,) = typing.get_args(hint)
@@ -371,7 +371,14 @@ def _coerce(value: Any, hint: Any, key: str, source: str) -> Any:
     elif hint is str:
         if isinstance(value, str):
             return value
-    raise ConfigError(f"{source}: {key} must be {_describe(hint)}, got {value!r}")
+    raise ConfigError(f"{source}: {key} must be {_describe(hint)}, got {value!r}{_unquoted(value)}")
+
+
+def _unquoted(value: Any) -> str:
+    """A hint for a boolean where a bool is not wanted: YAML 1.1 read a bare word as one (`language: no`)."""
+    if isinstance(value, bool):
+        return " (YAML reads an unquoted yes, no, on or off as true or false: quote the word, e.g. \"no\")"
+    return ""
 
 
 def _describe(hint: Any) -> str:

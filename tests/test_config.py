@@ -345,3 +345,12 @@ def test_the_voices_recipe_is_the_demo_trained_longer_on_other_corpora():
     differing = {k: cfg.get_value(voices, k) for k in cfg.all_keys() if cfg.get_value(voices, k) != cfg.get_value(demo, k)}
     assert differing == {"data.train_data": "voices_corpus", "data.unseen_voices_data": "heldout_corpus",
                          "training.max_steps": 11200, "training.eval_interval": 2800}
+
+
+@pytest.mark.parametrize("override", ["data.language=no", "data.text_frontend=on", "training.optimizer=yes"])
+def test_a_bare_yes_no_on_or_off_where_a_word_is_wanted_says_to_quote_it(override):
+    """`language: no` (Norwegian) said only "must be a string, got False": YAML 1.1 read the bare word as false."""
+    with pytest.raises(ConfigError, match=r"got (True|False) \(YAML reads an unquoted yes, no, on or off as true or "
+                                          r"false: quote the word"):
+        load_config(overrides=[override])
+    assert load_config(overrides=['data.language="no"']).data.language == "no"
