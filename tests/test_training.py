@@ -181,6 +181,23 @@ def test_fp16_loss_scaling_step_matches_float32(setup):
         np.testing.assert_allclose(fp16[name], fp32[name], rtol=2 * 2.0**-11, err_msg=name)
 
 
+@pytest.mark.parametrize("policy", ["mixed_bfloat16", "mixed_float16"])
+def test_a_waveform_batch_builds_the_training_model_in_mixed_precision(demo_corpus, policy):
+    """data.mel_on_device (the experimental level, a GPU's capacity route) under bf16 or fp16 stopped every run
+    before its first step: Keras casts the batch a model is called on to the policy's dtype, and the STFT takes
+    float32 only ("Tensor conversion requested dtype float32 for Tensor with dtype float16")."""
+    from myxtts.training.trainer import build_training_model
+
+    config = _config(demo_corpus, "data.mel_on_device=true")
+    rows = read_manifest(demo_corpus)
+    vocabulary = build_vocabulary(rows, config.data)
+    batch = next(iter(build_dataset(config, rows, training=False, vocabulary=vocabulary)))
+    assert "audio" in batch and "mel" not in batch
+    keras.config.set_dtype_policy(policy)
+    model = build_training_model(config, len(vocabulary), policy, batch)  # calls the model on the batch
+    assert model.optimizer.built
+
+
 def test_a_checkpoint_holds_every_weight_and_optimizer_variable(setup, tmp_path):
     """Saved, then loaded into a second network and optimizer built from other random numbers: every
     variable comes back exactly. (Keras' own object graph once saved 41 of 89 weights, silently.)"""
