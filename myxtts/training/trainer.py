@@ -250,7 +250,7 @@ def _fit(config: Config, policy: str, strategy, workdir: Path, text: RunText, so
     guard = NonFiniteGuard(t.max_nonfinite_steps, echo)
     saver = CheckpointSaver(checkpoints, t.checkpoint_interval, echo, guard,
                             validation=validation_key(text.val_rows, t.wer_sentences, t.vocoder))
-    per_call = max(t.steps_per_execution, 1)
+    per_call = max(model.steps_per_execution, 1)  # 1 with several replicas (distribute.steps_per_execution)
     compile_timer = CompileTimer(echo, xla=bool(model.jit_compile))
     clock = RunClock(compile_timer, echo, started)
     callbacks = [
@@ -389,7 +389,7 @@ def build_training_model(config: Config, vocab_size: int, policy: str, sample_ba
             optimizer=distribute.prepare_optimizer(optimizer, strategy),
             jit_compile=bool(t.enable_xla_compilation) and distribute.xla_allowed(strategy),
             run_eagerly=not t.enable_graph_mode,
-            steps_per_execution=t.steps_per_execution,
+            steps_per_execution=distribute.steps_per_execution(t.steps_per_execution, strategy),
         )
         model(sample_batch, training=False)
         model.optimizer.build(model.network.trainable_variables)
