@@ -502,6 +502,24 @@ def test_a_run_of_nonfinite_losses_stops_and_keeps_the_last_good_checkpoint(demo
         np.testing.assert_array_equal(kept[name], value, err_msg=name)
 
 
+@pytest.mark.slow
+def test_a_run_whose_fp16_steps_overflow_still_makes_max_steps_updates(demo_corpus, tmp_path, monkeypatch):
+    """fp16's loss scale overflows now and then (on a GPU's first updates, and after each growth), and the
+    update is skipped: a run then stopped short of training.max_steps ("finished at step 7" of 8), fit having
+    counted micro-batches, the skipped ones too."""
+
+    class OverflowingFirst(keras.optimizers.LossScaleOptimizer):
+        def __init__(self, inner_optimizer, **kwargs):
+            # The tiny model's loss times 2**20 is past float16's largest number: the first update overflows.
+            super().__init__(inner_optimizer, initial_scale=2.0**20, **kwargs)
+
+    monkeypatch.setattr(keras.optimizers, "LossScaleOptimizer", OverflowingFirst)
+    result = train(_config(demo_corpus, "training.precision=fp16", "training.max_steps=3", "training.eval_interval=3",
+                           "training.checkpoint_interval=3"), tmp_path / "run")
+    assert result.step == 3  # it was 0: the 3 micro-batches all overflowed
+    assert result.history[-1]["loss_scale"] < 2.0**20  # halved: updates were skipped
+
+
 def test_too_few_clips_for_one_batch_is_a_clear_error(demo_corpus, tmp_path):
     # 24 short demo clips, at most 1 s each kept, in batches of 8: no batch forms.
     config = _config(demo_corpus, "data.max_duration_s=1.0", "data.min_duration_s=0.5", "data.batch_size=8",

@@ -180,6 +180,9 @@ def _train(config: Config, workdir: Path, resume: str, epochs: float | None, ech
             )  # the restore continues at the checkpoint's update, whatever the accumulation (Checkpoints.restore)
 
 
+UNTIL_STOPPED = 2**31 - 1  # Keras' epochs for a fit that a callback ends
+
+
 class OutOfMemory(RuntimeError):
     pass
 
@@ -284,7 +287,9 @@ def _fit(config: Config, policy: str, strategy, workdir: Path, text: RunText, so
             history = model.fit(
                 train_stream,
                 steps_per_epoch=epoch_length,
-                epochs=math.ceil(t.max_steps * accumulation / epoch_length),
+                # No last epoch: StopAtStep ends the run at max_steps updates however many micro-batches
+                # that takes (a skipped non-finite step, fp16's overflow now and then, updates nothing).
+                epochs=UNTIL_STOPPED,
                 initial_epoch=micro_steps_done // epoch_length,
                 validation_data=val_ds,
                 validation_freq=ValidationSchedule(saver, t.eval_interval, start_step, every_epoch=per_call == 1),
