@@ -237,6 +237,30 @@ def _mirrored_child(clips: str) -> dict:
     }
 
 
+def test_several_replicas_train_one_step_per_call(short_clips, tmp_path):
+    """training.steps_per_execution 4 (the experimental level) with several GPUs stopped every run at its
+    first step: Keras' multi-step loop fails on a distributed iterator ("You must feed a value for
+    placeholder tensor 'while/body/.../while/cond/Placeholder_1'", measured on two logical CPUs)."""
+    [result] = _results([_child("per_call", ["per_call", short_clips], tmp_path)])
+    assert result == {"replicas": 2, "steps_per_execution": 1}
+
+
+def _per_call_child(clips: str) -> dict:
+    import dataclasses
+
+    import tensorflow as tf
+
+    from myxtts.training.trainer import build_training_model
+
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+    config, vocab_size, examples = _load_clips(clips)
+    config = dataclasses.replace(config, training=dataclasses.replace(config.training, steps_per_execution=4))
+    strategy = distribute.strategy_for(2, device_type="CPU", environ={})
+    model = build_training_model(config, vocab_size, "float32", examples, strategy)  # as the trainer compiles it
+    return {"replicas": distribute.replicas(strategy), "steps_per_execution": model.steps_per_execution}
+
+
 # --------------------------------------------------------------------------------------------------
 # Two worker processes on this host
 
@@ -364,6 +388,6 @@ if __name__ == "__main__":
     mode, *arguments = sys.argv[1:]
     _fast_graphs()
     started = __import__("time").perf_counter()
-    outcome = _mirrored_child(*arguments) if mode == "mirrored" else _worker_child(*arguments)
+    outcome = {"mirrored": _mirrored_child, "per_call": _per_call_child, "worker": _worker_child}[mode](*arguments)
     print(f"{mode} child: {__import__('time').perf_counter() - started:.1f} s", file=sys.stderr)
     print(json.dumps(outcome))

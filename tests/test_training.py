@@ -181,6 +181,23 @@ def test_fp16_loss_scaling_step_matches_float32(setup):
         np.testing.assert_allclose(fp16[name], fp32[name], rtol=2 * 2.0**-11, err_msg=name)
 
 
+@pytest.mark.parametrize("policy", ["mixed_bfloat16", "mixed_float16"])
+def test_a_waveform_batch_builds_the_training_model_in_mixed_precision(demo_corpus, policy):
+    """data.mel_on_device (the experimental level, a GPU's capacity route) under bf16 or fp16 stopped every run
+    before its first step: Keras casts the batch a model is called on to the policy's dtype, and the STFT takes
+    float32 only ("Tensor conversion requested dtype float32 for Tensor with dtype float16")."""
+    from myxtts.training.trainer import build_training_model
+
+    config = _config(demo_corpus, "data.mel_on_device=true")
+    rows = read_manifest(demo_corpus)
+    vocabulary = build_vocabulary(rows, config.data)
+    batch = next(iter(build_dataset(config, rows, training=False, vocabulary=vocabulary)))
+    assert "audio" in batch and "mel" not in batch
+    keras.config.set_dtype_policy(policy)
+    model = build_training_model(config, len(vocabulary), policy, batch)  # calls the model on the batch
+    assert model.optimizer.built
+
+
 def test_a_checkpoint_holds_every_weight_and_optimizer_variable(setup, tmp_path):
     """Saved, then loaded into a second network and optimizer built from other random numbers: every
     variable comes back exactly. (Keras' own object graph once saved 41 of 89 weights, silently.)"""
@@ -483,6 +500,24 @@ def test_a_run_of_nonfinite_losses_stops_and_keeps_the_last_good_checkpoint(demo
     assert int(kept["optimizer/iteration"]) == 6
     for name, value in saved.items():
         np.testing.assert_array_equal(kept[name], value, err_msg=name)
+
+
+@pytest.mark.slow
+def test_a_run_whose_fp16_steps_overflow_still_makes_max_steps_updates(demo_corpus, tmp_path, monkeypatch):
+    """fp16's loss scale overflows now and then (on a GPU's first updates, and after each growth), and the
+    update is skipped: a run then stopped short of training.max_steps ("finished at step 7" of 8), fit having
+    counted micro-batches, the skipped ones too."""
+
+    class OverflowingFirst(keras.optimizers.LossScaleOptimizer):
+        def __init__(self, inner_optimizer, **kwargs):
+            # The tiny model's loss times 2**20 is past float16's largest number: the first update overflows.
+            super().__init__(inner_optimizer, initial_scale=2.0**20, **kwargs)
+
+    monkeypatch.setattr(keras.optimizers, "LossScaleOptimizer", OverflowingFirst)
+    result = train(_config(demo_corpus, "training.precision=fp16", "training.max_steps=3", "training.eval_interval=3",
+                           "training.checkpoint_interval=3"), tmp_path / "run")
+    assert result.step == 3  # it was 0: the 3 micro-batches all overflowed
+    assert result.history[-1]["loss_scale"] < 2.0**20  # halved: updates were skipped
 
 
 def test_too_few_clips_for_one_batch_is_a_clear_error(demo_corpus, tmp_path):

@@ -555,7 +555,9 @@ def mel_from_audio(batch: dict, c: DataConfig) -> dict:
     if "audio" not in batch:
         return batch
     features = {k: v for k, v in batch.items() if k != "audio"}
-    features["mel"] = audio.log_mel(batch["audio"], c)  # [batch, frames, n_mels], float32
+    # Called as a Keras model under bf16 or fp16, the model gets its batch cast to that dtype, which
+    # the STFT does not take (the train step's own batch stays float32, so the cast changes nothing there).
+    features["mel"] = audio.log_mel(tf.cast(batch["audio"], tf.float32), c)  # [batch, frames, n_mels], float32
     return features
 
 

@@ -38,7 +38,7 @@ fails), `distribute_dataset` (one input pipeline per host, batches per replica).
 
 XLA: `Model.fit(jit_compile=True)` compiles the whole replicated step as one program, which cannot
 reach variables on several devices (FACTS.md). `xla_allowed` is False with several replicas, and the
-trainer compiles with `jit_compile=False` there.
+trainer compiles with `jit_compile=False` there; likewise with one step per call (`steps_per_execution`).
 """
 
 from __future__ import annotations
@@ -166,6 +166,17 @@ def xla_allowed(strategy: tf.distribute.Strategy) -> bool:
     from device CPU:0", measured). Several replicas therefore train with `jit_compile=False`.
     """
     return replicas(strategy) == 1
+
+
+def steps_per_execution(requested: int, strategy: tf.distribute.Strategy) -> int:
+    """`training.steps_per_execution` as `Model.fit` can run it under `strategy`: 1 with several replicas.
+
+    Keras 3.15's multi-step loop takes each next batch inside a `tf.cond` in a `tf.while_loop`, which
+    fails on a distributed iterator ("You must feed a value for placeholder tensor
+    'while/body/.../while/cond/Placeholder_1'", measured on 2 logical CPUs, a one-layer model too;
+    keras-team/keras#19246 looks the same).
+    """
+    return requested if replicas(strategy) == 1 else 1
 
 
 def is_chief(strategy: tf.distribute.Strategy) -> bool:
@@ -347,4 +358,5 @@ def describe(strategy: tf.distribute.Strategy) -> str:
         return "distribution: one device"
     devices = ", ".join(strategy.extended.worker_devices)
     return (f"distribution: {type(strategy).__name__}, {count} replicas in all (this process: {devices}); "
-            "fit without XLA (one XLA program cannot span devices)")
+            "fit without XLA (one XLA program cannot span devices), one step per call (training.steps_per_execution: "
+            "Keras' multi-step loop fails under several replicas)")

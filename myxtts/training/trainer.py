@@ -180,6 +180,9 @@ def _train(config: Config, workdir: Path, resume: str, epochs: float | None, ech
             )  # the restore continues at the checkpoint's update, whatever the accumulation (Checkpoints.restore)
 
 
+UNTIL_STOPPED = 2**31 - 1  # Keras' epochs for a fit that a callback ends
+
+
 class OutOfMemory(RuntimeError):
     pass
 
@@ -250,7 +253,7 @@ def _fit(config: Config, policy: str, strategy, workdir: Path, text: RunText, so
     guard = NonFiniteGuard(t.max_nonfinite_steps, echo)
     saver = CheckpointSaver(checkpoints, t.checkpoint_interval, echo, guard,
                             validation=validation_key(text.val_rows, t.wer_sentences, t.vocoder))
-    per_call = max(t.steps_per_execution, 1)
+    per_call = max(model.steps_per_execution, 1)  # 1 with several replicas (distribute.steps_per_execution)
     compile_timer = CompileTimer(echo, xla=bool(model.jit_compile))
     clock = RunClock(compile_timer, echo, started)
     callbacks = [
@@ -284,7 +287,9 @@ def _fit(config: Config, policy: str, strategy, workdir: Path, text: RunText, so
             history = model.fit(
                 train_stream,
                 steps_per_epoch=epoch_length,
-                epochs=math.ceil(t.max_steps * accumulation / epoch_length),
+                # No last epoch: StopAtStep ends the run at max_steps updates however many micro-batches
+                # that takes (a skipped non-finite step, fp16's overflow now and then, updates nothing).
+                epochs=UNTIL_STOPPED,
                 initial_epoch=micro_steps_done // epoch_length,
                 validation_data=val_ds,
                 validation_freq=ValidationSchedule(saver, t.eval_interval, start_step, every_epoch=per_call == 1),
@@ -389,7 +394,7 @@ def build_training_model(config: Config, vocab_size: int, policy: str, sample_ba
             optimizer=distribute.prepare_optimizer(optimizer, strategy),
             jit_compile=bool(t.enable_xla_compilation) and distribute.xla_allowed(strategy),
             run_eagerly=not t.enable_graph_mode,
-            steps_per_execution=t.steps_per_execution,
+            steps_per_execution=distribute.steps_per_execution(t.steps_per_execution, strategy),
         )
         model(sample_batch, training=False)
         model.optimizer.build(model.network.trainable_variables)
