@@ -518,6 +518,8 @@ def test_a_run_whose_fp16_steps_overflow_still_makes_max_steps_updates(demo_corp
                            "training.checkpoint_interval=3"), tmp_path / "run")
     assert result.step == 3  # it was 0: the 3 micro-batches all overflowed
     assert result.history[-1]["loss_scale"] < 2.0**20  # halved: updates were skipped
+    # The run's precision does not outlive it: the demo's closing sample was spoken in float16.
+    assert keras.config.dtype_policy().name == "float32"
 
 
 def test_too_few_clips_for_one_batch_is_a_clear_error(demo_corpus, tmp_path):

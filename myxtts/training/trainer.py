@@ -88,6 +88,10 @@ def train(config: Config, workdir: str | Path, *, resume: str = "auto", epochs: 
         if made:
             _remove_if_unused(workdir)  # a run that stopped before writing (a missing corpus) leaves no folder
         raise
+    finally:
+        # The run sets its precision as Keras' global policy; what follows in this process (the demo's
+        # closing sample, a caller's synthesis) computes in float32, as utilities/synthesize.py does.
+        keras.config.set_dtype_policy("float32")
 
 
 def _locked(config: Config, workdir: Path, resume: str, epochs: float | None, echo, started: float) -> TrainResult:
