@@ -141,6 +141,11 @@ def main(argv=None) -> int:
         return 130
 
 
+def run_folder(args, config_path) -> Path:
+    """--output-dir, else runs/demo or runs/<the config's name>."""
+    return Path(args.output_dir or ROOT / "runs" / ("demo" if args.demo else Path(config_path or "run").stem))
+
+
 def kept_after_interrupt(args) -> str:
     """What a run interrupted outside its training loop keeps, in words."""
     from myxtts.config import ConfigError
@@ -149,7 +154,7 @@ def kept_after_interrupt(args) -> str:
         _, config_path = build_config(args)
     except ConfigError:  # interrupted before the config was read: nothing was written
         return "nothing was trained yet"
-    workdir = Path(args.output_dir or ROOT / "runs" / ("demo" if args.demo else Path(config_path or "run").stem))
+    workdir = run_folder(args, config_path)
     if any((workdir / "checkpoints").glob("*/*.index")):
         return f"the checkpoints in {workdir / 'checkpoints'} are kept: the same command continues from the latest"
     return "nothing was trained yet"
@@ -168,7 +173,7 @@ def _main(args, started: float) -> int:
 
     try:
         config, config_path = build_config(args)
-        workdir = Path(args.output_dir or ROOT / "runs" / ("demo" if args.demo else Path(config_path or "run").stem))
+        workdir = run_folder(args, config_path)
         check_run_folder_config(workdir)  # a config.yaml of the user's there would be replaced
     except ConfigError as error:
         print(f"error: {error}", file=sys.stderr)

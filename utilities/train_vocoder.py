@@ -205,7 +205,7 @@ def train(args, machine, out: Path) -> int:
     from myxtts.data.splits import load_splits
     from myxtts.evaluation import quality
     from myxtts.hardware.plan import vocoder_precision
-    from myxtts.models.vocoder import (FEATURE_KEYS, STFT_RESOLUTIONS, check_features, clip_stream, load_vocoder,
+    from myxtts.models.vocoder import (STFT_RESOLUTIONS, check_features, clip_stream, features_of, load_vocoder,
                                        recorded_mels, save_vocoder, teacher_forced_mels, vocoder_settings,
                                        with_griffin_lim_phase)
     from myxtts.synthesis import GRIFFIN_LIM, RUN_VOCODER, Synthesizer
@@ -303,7 +303,7 @@ def train(args, machine, out: Path) -> int:
     vocoder = trainer.vocoder
     check_backup(out / BACKUP, {"size": vocoder.size, "phase_prior": vocoder.phase_prior, "discriminator": bool(args.adversarial_weight),
                                   "loss_scaling": policy == "mixed_float16", "accumulation": args.accumulation,
-                                  "features": {key: getattr(config.data, key) for key in FEATURE_KEYS}})
+                                  "features": features_of(config.data)})
     critic = (f"; a spectrogram discriminator ({trainer.discriminator.count_params():,} parameters) at weight "
               f"{args.adversarial_weight}" if args.adversarial_weight else "")
     batch = (f"batch {args.batch_size}" + (f" x {replicas} GPUs" if replicas > 1 else "")

@@ -20,7 +20,7 @@ import re
 import numpy as np
 import tensorflow as tf
 
-from myxtts.data.wav_header import SKIPPED_BEFORE_FMT
+from myxtts.data.wav_header import MAX_CHUNKS, SKIPPED_BEFORE_FMT
 
 # Rates the in-graph resampler handles. Anything else is converted once by utilities/prepare_dataset.py.
 SUPPORTED_RATES = (8000, 11025, 16000, 22050, 24000, 32000, 44100, 48000)
@@ -86,8 +86,6 @@ def decode_wav_bytes(contents, middle_seconds: float | None = None, *,
 # damaged file has nothing to convert (prepare_dataset.py rejects it, listing it in its report).
 _CONVERT = "convert the corpus once with utilities/prepare_dataset.py"
 _REPLACE = "re-export or remove the file (utilities/prepare_dataset.py lists every such file and leaves it out)"
-# Chunks walked before giving up and leaving the file to decode_wav (real files have two to five).
-_MAX_CHUNKS = 64
 
 
 def _check(refusal, broken, source) -> tf.Operation:
@@ -197,7 +195,7 @@ def wav_refusal(contents) -> tuple[tf.Tensor, tf.Tensor]:
                 refusal, broken, chunks + 1, odd)
 
     def more(offset, fmt_seen, block, data_seen, refusal, broken, chunks, odd):
-        return tf.equal(refusal, "") & (offset < size) & (chunks < _MAX_CHUNKS)
+        return tf.equal(refusal, "") & (offset < size) & (chunks < MAX_CHUNKS)
 
     state = (tf.constant(12, tf.int64), tf.constant(False), tf.constant(0, tf.int64), tf.constant(False),
              tf.constant(""), tf.constant(False), tf.constant(0), tf.constant(""))

@@ -38,8 +38,9 @@ SKIPPED_BEFORE_FMT = (b"JUNK", b"bext", b"iXML", b"qlty", b"mext", b"levl", b"li
 # The canonical layout's data offset (a 16-byte "fmt " chunk at 12, "data" at 36): the pipeline reads
 # such files without decode_wav (`audio.decode_wav_bytes`), so what follows their data does not matter.
 _CANONICAL_DATA_OFFSET = 44
-# Chunks after the data walked before leaving the file to decode_wav, as `audio.wav_refusal` does.
-_MAX_CHUNKS = 64
+# Chunks walked before giving up and leaving the file to decode_wav (real files have two to five);
+# `audio.wav_refusal` walks as many.
+MAX_CHUNKS = 64
 # The data size a writer that cannot seek back to the header leaves there (ffmpeg writing to a pipe):
 # the length is unknown, the samples run to the end of the file, and libsndfile reads them so.
 _UNKNOWN_DATA_SIZE = 0xFFFFFFFF
@@ -222,7 +223,7 @@ def _tail_ok_for_tf(handle, file_size: int, offset: int) -> bool:
     """Whether decode_wav reads the chunks after the data (from `offset`, its end) as it walks them:
     no pad byte skipped, so each chunk header must be whole where it lands, and no second data chunk.
     A legal odd-sized chunk there (a LIST of tags) or a stray byte at the end fails it."""
-    for _ in range(_MAX_CHUNKS):
+    for _ in range(MAX_CHUNKS):
         if offset >= file_size:
             return True
         handle.seek(offset)

@@ -205,6 +205,11 @@ FEATURE_KEYS = ("sample_rate", "n_fft", "hop_length", "win_length", "n_mels", "f
                 "power", "log_floor")
 
 
+def features_of(data_config) -> dict:
+    """The settings of `data_config` that shape the log-mel a vocoder is trained on (its folder records them)."""
+    return {key: getattr(data_config, key) for key in FEATURE_KEYS}
+
+
 class VocoderMismatch(ValueError):
     """The vocoder folder's features differ from the run's."""
 
@@ -214,9 +219,7 @@ def save_vocoder(vocoder: Vocoder, folder) -> None:
     cut short (a full disk, a kill) leaves the vocoder that was there, never half of a new one."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    d = vocoder.data_config
-    settings = {"size": vocoder.size, "phase_prior": vocoder.phase_prior,
-                "features": {key: getattr(d, key) for key in FEATURE_KEYS}}
+    settings = {"size": vocoder.size, "phase_prior": vocoder.phase_prior, "features": features_of(vocoder.data_config)}
     weights = folder / f"incomplete.{WEIGHTS_FILE}"  # Keras wants the name to end in .weights.h5
     described = folder / f"incomplete.{SETTINGS_FILE}"
     try:
@@ -252,8 +255,9 @@ def vocoder_settings(folder, griffin_lim: str = "griffin-lim") -> dict:
 
 def check_features(folder, settings: dict, data_config) -> None:
     """VocoderMismatch naming every feature key in which the vocoder `settings` (of `folder`) differ from `data_config`."""
-    differ = [f"data.{key}: vocoder {settings['features'].get(key)!r}, run {getattr(data_config, key)!r}"
-              for key in FEATURE_KEYS if settings["features"].get(key) != getattr(data_config, key)]
+    wanted = features_of(data_config)
+    differ = [f"data.{key}: vocoder {settings['features'].get(key)!r}, run {value!r}"
+              for key, value in wanted.items() if settings["features"].get(key) != value]
     if differ:
         raise VocoderMismatch(f"{folder} was trained on other features than this run's ({'; '.join(differ)}); "
                               "train a vocoder with the run's data settings (train_vocoder.py --run RUN)")
