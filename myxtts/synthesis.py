@@ -23,7 +23,7 @@ import numpy as np
 import tensorflow as tf
 
 from myxtts.config import Config, load_run_config
-from myxtts.data.audio import data_problem, load_wav
+from myxtts.data.audio import data_problem, load_wav, without_advice
 from myxtts.data.phonemes import model_text
 from myxtts.data.pipeline import reference_log_mel
 from myxtts.data.text import PAD_ID, UNK_ID, Vocabulary, symbols, tokenize
@@ -166,7 +166,7 @@ class Synthesizer:
             except tf.errors.InvalidArgumentError as error:
                 problem = data_problem(error)  # names the file and what to do with it in a corpus
                 if problem:  # one clip is not converted by prepare_dataset.py (it wants a manifest with words)
-                    problem = f"{problem.rsplit(' - ', 1)[0]} - {REFERENCE_FORMAT}"
+                    problem = f"{without_advice(problem)} - {REFERENCE_FORMAT}"
                 raise ValueError(f"cannot use as a reference voice: {problem}" if problem else
                                  f"{path}: cannot use as a reference voice (16-bit PCM WAV expected; convert it with "
                                  f"utilities/prepare_dataset.py): {error.message.strip().splitlines()[-1]}") from None

@@ -224,6 +224,12 @@ def data_problem(error: tf.errors.OpError) -> str | None:
     return " ".join(codecs.escape_decode(piece.encode("utf-8"))[0].decode("utf-8", "replace") for piece in pieces)
 
 
+def without_advice(problem: str) -> str:
+    """A `data_problem` message without its closing "- what to do", which is advice for a corpus (the
+    checks above end every message so), for a caller with advice of its own."""
+    return problem.rsplit(" - ", 1)[0]
+
+
 class DataProblem(ValueError):
     """An input file the pipeline's own checks refused; the message names it and what to do."""
 
