@@ -11,7 +11,7 @@ from myxtts.config import load_config
 from myxtts.training import callbacks as callbacks_lib
 from myxtts.training.callbacks import CheckpointSaver, ProgressLogger, ValidationSchedule, crossed
 from myxtts.training.checkpoints import Checkpoints
-from myxtts.training.trainer import train
+from myxtts.training.trainer import steps_per_call, train
 
 
 def _config(corpus, *overrides):
@@ -79,3 +79,26 @@ def test_with_accumulation_a_crossing_waits_for_an_update_boundary(monkeypatch):
         if 0 in schedule:
             validated.append(optimizer.iterations)
     assert saved == [4] and validated == [4]  # update 2 was crossed at micro-batch 8, mid-update: wait for 12
+
+
+def test_a_call_ends_at_max_steps_and_within_a_checkpoint_interval():
+    # Keras runs a call whole: 4 per call from 20 of 22 would end at 24, so calls of 2.
+    assert steps_per_call(4, 22, 200) == 2
+    assert steps_per_call(4, 20, 200) == 4
+    assert steps_per_call(4, 3, 200) == 3  # a resume 3 micro-batches short of the end
+    assert steps_per_call(4, 2001, 200) == 3
+    assert steps_per_call(4, 2003, 200) == 1  # a prime: one per call
+    # 100000 per call ran a whole run of 2000 in one call, deaf to Ctrl-C and SIGTERM: at most an interval.
+    assert steps_per_call(100000, 2000, 200) == 200
+    assert steps_per_call(4, 0, 200) == 1
+
+
+@pytest.mark.slow
+def test_four_steps_per_call_stop_at_max_steps_not_after(demo_corpus, tmp_path):
+    lines = []
+    config = _config(demo_corpus, "training.steps_per_execution=4", "training.max_steps=6", "training.log_interval=1",
+                     "training.eval_interval=100", "training.checkpoint_interval=100")
+    result = train(config, tmp_path / "run", echo=lines.append)
+    assert result.step == 6  # was 8: two calls of 4
+    assert [r["step"] for r in result.history] == [3, 6]  # the largest divisor of 6 up to 4
+    assert any("training.steps_per_execution 4 -> 3" in line and "training.max_steps (6)" in line for line in lines)
