@@ -101,6 +101,46 @@ def _gpu(index: int) -> GpuFacts:
                     free_memory_bytes=39 << 30, compute_capability=(8, 0))
 
 
+def test_trimmed_validation_batches_keep_what_fills_a_multiple_of_the_replicas():
+    # Batches of 4 per length bucket, each cut to a multiple of the replicas.
+    assert distribute.clips_in_even_batches([9, 3, 1], batch_size=4, count=2) == 8 + 0 + 2 + 0
+    assert distribute.clips_in_even_batches([9, 3, 1], batch_size=4, count=1) == 13
+    assert distribute.clips_in_even_batches([1, 1, 1], batch_size=4, count=2) == 0
+    assert distribute.clips_in_even_batches([6], batch_size=3, count=2) == 4  # 2 of each batch of 3
+
+
+def test_validation_that_no_replica_batch_holds_is_said_and_left_out(demo_corpus):
+    """Every validation clip alone in its length bucket with 2 GPUs: every batch was trimmed to nothing,
+    so the run never validated, kept no best_mel, and printed an empty "validation at step 0:" line."""
+    from myxtts.config import load_config
+    from myxtts.data.manifest import read_manifest
+    from myxtts.data.pipeline import Epochs, build_vocabulary
+    from myxtts.training.trainer import _validates_any
+
+    config = load_config(overrides=["model.size=tiny", "data.batch_size=4", "data.max_duration_s=6.0",
+                                    "data.bucket_boundaries_s=[2.0, 3.0, 4.0, 6.0]"])
+    rows = read_manifest(demo_corpus)
+    by_length = sorted(rows, key=lambda u: _seconds(u.audio_path))
+    one_per_bucket = [next(u for u in by_length if low < _seconds(u.audio_path) <= high)
+                      for low, high in ((0, 1.8), (2.2, 2.8), (3.3, 3.8), (4.5, 5.8))]  # clear of the boundaries
+    vocabulary = build_vocabulary(rows, config.data)
+
+    def said(val_rows, replicas):
+        lines = []
+        epochs = Epochs(config, val_rows, training=False, vocabulary=vocabulary)
+        return _validates_any(epochs, replicas, lines.append), epochs.group_sizes(), lines
+
+    validates, sizes, lines = said(one_per_bucket, replicas=2)
+    assert sizes == [1, 1, 1, 1] and not validates
+    assert len(lines) == 1 and "no validation clip is left" in lines[0] and "data.val_fraction" in lines[0]
+    assert said(one_per_bucket, replicas=1) == (True, [1, 1, 1, 1], [])
+    more = one_per_bucket + [u for u in by_length if 2.2 < _seconds(u.audio_path) <= 2.95 and u not in one_per_bucket][:2]
+    validates, sizes, lines = said(more, replicas=2)
+    assert validates and sizes == [1, 3, 1, 1]
+    assert lines == ["data: 4 of the 6 validation clips are left out of every validation: each validation batch "
+                     "is cut to a multiple of the 2 replicas (a clip more would leave one of them an empty batch)"]
+
+
 def test_one_device_gets_the_default_strategy_and_keeps_xla():
     import tensorflow as tf
 

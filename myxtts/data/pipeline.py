@@ -218,6 +218,12 @@ class Epochs:
             raise NoFullBatch(len(self.utterances), self.data, self.batch_size)
         return count
 
+    def group_sizes(self) -> list[int]:
+        """Clips per batching group (length bucket), the length filter's left out. The first call
+        decodes every clip once (with a cache, that pass fills it)."""
+        keys = self._clip_table().keys
+        return np.bincount(keys[keys >= 0]).tolist()
+
     def clip_lengths(self) -> tuple[list[int], list[int]]:
         """(mel frames, tokens) of every clip the length filter keeps, in clip order. The first call
         decodes every clip once (with a cache, that pass fills it)."""

@@ -351,6 +351,13 @@ def evenly_split(dataset: tf.data.Dataset, strategy: tf.distribute.Strategy) -> 
     return trimmed.filter(lambda batch: tf.shape(next(iter(batch.values())))[0] > 0)
 
 
+def clips_in_even_batches(group_sizes: list[int], batch_size: int, count: int) -> int:
+    """How many clips one validation pass keeps once `evenly_split` trims its batches for `count`
+    replicas: each group's (length bucket's) batches of `batch_size`, its last partial one included."""
+    kept_of_full = batch_size // count * count
+    return sum(size // batch_size * kept_of_full + size % batch_size // count * count for size in group_sizes)
+
+
 def describe(strategy: tf.distribute.Strategy) -> str:
     """One line for the training log."""
     count = replicas(strategy)

@@ -29,7 +29,7 @@ import yaml
 from myxtts import config as config_lib
 from myxtts.config import Config
 from myxtts.data.phonemes import check_language
-from myxtts.data.pipeline import Epochs, build_dataset, copies_to_gpu, first_batch, to_device
+from myxtts.data.pipeline import Epochs, copies_to_gpu, first_batch, to_device
 from myxtts.models.xtts import network_for
 from myxtts.output_paths import folder_problem
 from myxtts.training.callbacks import (CheckpointSaver, NonFiniteGuard, ProgressLogger, SpeechCheck, StopAtStep,
@@ -222,10 +222,15 @@ def _fit(config: Config, policy: str, strategy, workdir: Path, text: RunText, so
         echo(f"already at step {start_step} >= training.max_steps ({t.max_steps}); raise --max-steps to train further")
 
     feature_cache = workdir / "feature_cache"  # used only when the features outgrow RAM (feature_cache.py)
-    val_ds = (build_dataset(config, text.val_rows, training=False, vocabulary=text.vocabulary,
-                            fallback_cache_dir=feature_cache, echo=echo) if text.val_rows else None)
-    if val_ds is not None:
-        val_ds = distribute.evenly_split(val_ds, strategy)
+    val_ds = None
+    if text.val_rows:
+        val_epochs = Epochs(config, text.val_rows, training=False, vocabulary=text.vocabulary,
+                            fallback_cache_dir=feature_cache, echo=echo)
+        val_ds = to_device(val_epochs.one_pass(), d)  # one_pass reports the clips the limits leave out
+        if _validates_any(val_epochs, replicas, echo):
+            val_ds = distribute.evenly_split(val_ds, strategy)
+        else:
+            val_ds = None
     samples_per_update = batch_plan_of(config, replicas).samples_per_update
     progress = ProgressLogger(t.log_interval, t.max_steps, samples_per_update, str(workdir / "logs" / "train"), echo)
     # Resume continues the data order: epoch e of the stream is a function of the seed, so the
@@ -318,6 +323,27 @@ def _fit(config: Config, policy: str, strategy, workdir: Path, text: RunText, so
         batch_size=d.batch_size,
         gradient_accumulation_steps=accumulation,
     )
+
+
+def _validates_any(val_epochs: Epochs, replicas: int, echo) -> bool:
+    """Whether a validation pass keeps any clip once its batches are trimmed to a multiple of the
+    replicas (`distribute.evenly_split`), saying how many it leaves out. Every clip alone in its length
+    bucket with 2 GPUs left nothing: the run validated never, kept no best_mel, and said nothing of it."""
+    if replicas == 1:
+        return True
+    sizes = val_epochs.group_sizes()
+    clips, kept = sum(sizes), distribute.clips_in_even_batches(sizes, val_epochs.batch_size, replicas)
+    if kept == clips:
+        return True
+    trimmed = (f"each validation batch is cut to a multiple of the {replicas} replicas (a clip more would leave "
+               f"one of them an empty batch)")
+    if kept:
+        echo(f"data: {clips - kept} of the {clips} validation clips are left out of every validation: {trimmed}")
+        return True
+    echo(f"data: no validation clip is left to validate: {trimmed}, and the {clips} clips fill no such batch of "
+         f"their length buckets. This run logs no val_ losses and keeps no best_mel checkpoint: give it more "
+         f"validation clips (data.val_fraction or data.val_data)")
+    return False
 
 
 def steps_per_call(requested: int, micro_batches_left: int, checkpoint_micro_batches: int) -> int:
