@@ -168,8 +168,8 @@ class Synthesizer:
                 if problem:  # one clip is not converted by prepare_dataset.py (it wants a manifest with words)
                     problem = f"{without_advice(problem)} - {REFERENCE_FORMAT}"
                 raise ValueError(f"cannot use as a reference voice: {problem}" if problem else
-                                 f"{path}: cannot use as a reference voice (16-bit PCM WAV expected; convert it with "
-                                 f"utilities/prepare_dataset.py): {error.message.strip().splitlines()[-1]}") from None
+                                 f"cannot use as a reference voice: {path} ({error.message.strip().splitlines()[-1]}) "
+                                 f"- {REFERENCE_FORMAT}") from None
             if problem := reference_problem(path, self.config.data.reference_duration_s):
                 raise ValueError(f"cannot use as a reference voice: {problem}")
         return tf.stack([m for m, _ in clips]), tf.stack([n for _, n in clips])

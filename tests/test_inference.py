@@ -302,6 +302,29 @@ def test_a_reference_in_another_format_is_refused_saying_what_a_reference_must_b
                                      "PCM WAV of the voice (mono or stereo, 8 to 48 kHz)")
 
 
+def test_a_reference_error_the_data_checks_do_not_know_says_what_a_reference_must_be(hello_synthesizer, tmp_path,
+                                                                                      monkeypatch):
+    """TensorFlow's own words, then the same advice: it sent a user to convert the one clip with
+    prepare_dataset.py, which takes a manifest with a transcript per clip."""
+    from myxtts import synthesis
+
+    synthesizer, _ = hello_synthesizer
+    import tensorflow as tf
+
+    (tmp_path / "voice.wav").write_bytes(b"RIFF" + bytes(40))
+
+    def decoder_error(path, config):  # an error none of the pipeline's checks names
+        raise tf.errors.InvalidArgumentError(None, None, "Graph execution error:\n\nBad WAV: odd block alignment 0")
+
+    monkeypatch.setattr(synthesis, "reference_log_mel", decoder_error)
+    with pytest.raises(ValueError) as raised:
+        synthesizer.reference([str(tmp_path / "voice.wav")])
+    message = str(raised.value)
+    assert message.startswith(f"cannot use as a reference voice: {tmp_path / 'voice.wav'} (Bad WAV: odd block alignment 0)")
+    assert message.endswith(") - give a whole 16-bit PCM WAV of the voice (mono or stereo, 8 to 48 kHz)"), message
+    assert "prepare_dataset" not in message
+
+
 def test_a_silent_or_too_short_reference_clip_is_refused_naming_it(hello_synthesizer, tmp_path, monkeypatch, capsys):
     """Both used to speak without a word of warning, in whatever voice the encoder makes of silence or a click."""
     import soundfile
