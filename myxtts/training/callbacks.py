@@ -34,6 +34,12 @@ def optimizer_step(model) -> int:
 class ProgressLogger(keras.callbacks.Callback):
     """One line every `interval` updates: losses, rate, step time, samples/s and ETA to max_steps.
 
+    Step time and samples/s count the time inside the steps alone (from Keras' batch-begin to its
+    batch-end callbacks, the wait for input included): the wall time between two lines also held the
+    validation, the speech check and the checkpoints of any interval ending there (a tiny run logged
+    134 ms/step, then 14,518 after a validation and two saves). The ETA counts them: it is the wall
+    time per update since the first line, so the time such work takes recurs in it.
+
     Also writes step time and samples/s to TensorBoard next to the step's own metrics, and the time
     the steps waited for input (`input_wait_ms`), timed by one of two clocks: `watch_input` (inside
     the pipeline, its last stage) or, when the last stage must be the copy to the GPU,
@@ -45,7 +51,10 @@ class ProgressLogger(keras.callbacks.Callback):
         self.interval, self.max_steps, self.samples_per_update = interval, max_steps, samples_per_update
         self.writer = tf.summary.create_file_writer(log_dir)
         self.echo = echo
-        self._last = None  # (time, step)
+        self._last = None  # (time, step) at the last line
+        self._first_line = None  # (time, step) at the first line: the ETA's wall clock starts there
+        self._in_steps = 0.0  # seconds inside steps since the last line
+        self._step_began = None
         self._input_clock = None  # seconds waited since the last line: read_and_reset(); set by watch_*
         self.history: list[dict] = []
         self.validation_history: list[dict] = []
@@ -95,19 +104,30 @@ class ProgressLogger(keras.callbacks.Callback):
 
     def on_train_begin(self, logs=None):
         self._last = (time.perf_counter(), optimizer_step(self.model))
+        self._first_line, self._in_steps = None, 0.0
         if self._input_clock is not None:
             self._input_clock.read_and_reset()
 
+    def on_train_batch_begin(self, batch, logs=None):
+        self._step_began = time.perf_counter()
+
     def on_train_batch_end(self, batch, logs=None):
+        now = time.perf_counter()
+        if self._step_began is not None:
+            self._in_steps += now - self._step_began
         step = optimizer_step(self.model)
         if not crossed(self._last[1], step, self.interval):
             return
-        now = time.perf_counter()
         steps = step - self._last[1]
-        seconds_per_step = (now - self._last[0]) / steps
-        self._last = (now, step)
+        seconds_per_step = self._in_steps / steps
+        wall_per_step = (now - self._last[0]) / steps
+        if self._first_line is None:
+            self._first_line = (now, step)
+        elif step > self._first_line[1]:
+            wall_per_step = (now - self._first_line[0]) / (step - self._first_line[1])
+        self._last, self._in_steps = (now, step), 0.0
         logs = {k: float(v) for k, v in (logs or {}).items()}
-        eta = seconds_per_step * max(self.max_steps - step, 0)
+        eta = wall_per_step * max(self.max_steps - step, 0)
         record = dict(step=step, step_time_s=seconds_per_step, samples_per_s=self.samples_per_update / seconds_per_step, **logs)
         input_wait = ""
         if self._input_clock is not None:
