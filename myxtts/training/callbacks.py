@@ -112,10 +112,10 @@ class ProgressLogger(keras.callbacks.Callback):
         self._step_began = time.perf_counter()
 
     def on_train_batch_end(self, batch, logs=None):
+        step = optimizer_step(self.model)  # first: reading the step waits for it to finish on a GPU
         now = time.perf_counter()
         if self._step_began is not None:
             self._in_steps += now - self._step_began
-        step = optimizer_step(self.model)
         if not crossed(self._last[1], step, self.interval):
             return
         steps = step - self._last[1]
