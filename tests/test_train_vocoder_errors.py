@@ -148,6 +148,7 @@ def test_a_save_cut_short_leaves_the_vocoder_that_was_there(demo_corpus, tmp_pat
 def test_ctrl_c_is_a_line_saying_what_is_kept_not_a_traceback(demo_corpus, tmp_path, capsys, monkeypatch):
     """Ctrl-C was KeyboardInterrupt's traceback, whether it came before the first backup or after it."""
     from myxtts.models import vocoder as vocoder_module
+    from myxtts.training import vocoder_clips
 
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
@@ -161,7 +162,7 @@ def test_ctrl_c_is_a_line_saying_what_is_kept_not_a_traceback(demo_corpus, tmp_p
     out = tmp_path / "vocoder"
     command = ("--train-data", str(demo_corpus), "--output-dir", str(out))
     with monkeypatch.context() as patch:  # while the clips are prepared: nothing trained
-        patch.setattr(vocoder_module, "recorded_mels", interrupted)
+        patch.setattr(vocoder_clips, "recorded_mels", interrupted)
         code, err = run_interrupted(*command)
     assert code == 130 and err.strip() == "interrupted: nothing was trained yet", err
     with monkeypatch.context() as patch:  # once trained, as the vocoder is saved: the backup has it
@@ -203,6 +204,7 @@ def test_a_vocoder_to_start_from_of_other_features_is_refused_before_the_clips_a
     from conftest import tiny_config
 
     from myxtts.models import vocoder as vocoder_module
+    from myxtts.training import vocoder_clips
 
     def prepared(*args, **kwargs):
         raise AssertionError("the clips were prepared before the vocoder to start from was checked")
@@ -211,7 +213,7 @@ def test_a_vocoder_to_start_from_of_other_features_is_refused_before_the_clips_a
     vocoder = vocoder_module.Vocoder(tiny_config(demo_corpus).data, size="tiny", phase_prior="griffin-lim")
     vocoder.build()
     vocoder_module.save_vocoder(vocoder, start)
-    monkeypatch.setattr(vocoder_module, "recorded_mels", prepared)
+    monkeypatch.setattr(vocoder_clips, "recorded_mels", prepared)
     code, err = run(capsys, "--train-data", str(demo_corpus), "--output-dir", str(tmp_path / "v"),
                     "--init-from", str(start), "--set", "data.fmin=50")
     assert code == 2 and f"{start} was trained on other features" in err and "data.fmin: vocoder 0" in err, err

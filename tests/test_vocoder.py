@@ -7,8 +7,9 @@ import tensorflow as tf
 
 from myxtts.data.manifest import read_manifest
 from myxtts.models import griffin_lim
-from myxtts.models.vocoder import (SpectrogramDiscriminator, Vocoder, adversarial_losses,
-                                   multi_resolution_stft_loss, random_segments)
+from myxtts.models.vocoder import Vocoder
+from myxtts.models.vocoder_losses import SpectrogramDiscriminator, adversarial_losses, multi_resolution_stft_loss
+from myxtts.training.vocoder_clips import random_segments
 from myxtts.training.vocoder_step import VocoderTrainer
 
 
@@ -174,7 +175,7 @@ def test_tensorboard_gets_a_clips_copy_through_the_vocoder_as_it_trains(waveform
 
 def test_the_compressed_spectrum_loss_sees_the_phase_the_magnitude_losses_miss():
     from myxtts.config import DataConfig
-    from myxtts.models.vocoder import compressed_spectrum_loss
+    from myxtts.models.vocoder_losses import compressed_spectrum_loss
 
     c = DataConfig()
     rng = np.random.default_rng(1)
@@ -189,7 +190,7 @@ def test_the_compressed_spectrum_loss_sees_the_phase_the_magnitude_losses_miss()
 
 def test_the_phase_angle_losses_wrap_and_tell_a_constant_turn_from_a_scrambled_phase():
     from myxtts.config import DataConfig
-    from myxtts.models.vocoder import phase_angle_losses
+    from myxtts.models.vocoder_losses import phase_angle_losses
 
     c = DataConfig()
     rng = np.random.default_rng(2)
@@ -232,7 +233,7 @@ def test_a_segment_of_the_mel_is_the_mel_of_the_segment_of_the_waveform(waveform
     """Training on given mels (the acoustic model's own) pairs frames with samples: frame t of a clip
     must be frame t - start of the waveform segment from sample start * hop."""
     from myxtts.data import audio
-    from myxtts.models.vocoder import mel_segments, segment_starts, waveform_segments
+    from myxtts.training.vocoder_clips import mel_segments, segment_starts, waveform_segments
 
     c, batch = waveform_batch
     frames = 24

@@ -10,8 +10,8 @@ import tensorflow as tf
 
 from myxtts.data import audio
 from myxtts.models import griffin_lim
-from myxtts.models.vocoder import (Vocoder, clip_stream, load_vocoder, phase_features, recorded_mels, save_vocoder,
-                                   with_griffin_lim_phase)
+from myxtts.models.vocoder import Vocoder, load_vocoder, phase_features, save_vocoder
+from myxtts.training.vocoder_clips import clip_stream, recorded_mels, with_griffin_lim_phase
 from myxtts.training.vocoder_step import VocoderTrainer
 
 

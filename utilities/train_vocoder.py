@@ -205,9 +205,9 @@ def train(args, machine, out: Path) -> int:
     from myxtts.data.splits import load_splits
     from myxtts.evaluation import quality
     from myxtts.hardware.plan import vocoder_precision
-    from myxtts.models.vocoder import (STFT_RESOLUTIONS, check_features, clip_stream, features_of, load_vocoder,
-                                       recorded_mels, save_vocoder, teacher_forced_mels, vocoder_settings,
-                                       with_griffin_lim_phase)
+    from myxtts.models.vocoder import check_features, features_of, load_vocoder, save_vocoder, vocoder_settings
+    from myxtts.models.vocoder_losses import STFT_RESOLUTIONS
+    from myxtts.training.vocoder_clips import clip_stream, recorded_mels, teacher_forced_mels, with_griffin_lim_phase
     from myxtts.synthesis import GRIFFIN_LIM, RUN_VOCODER, Synthesizer
     from myxtts.training import distribute
     from myxtts.training.callbacks import VocoderSamples, optimizer_step

@@ -1,6 +1,7 @@
-"""The neural vocoder's training step (`myxtts/models/vocoder.py` has the network and its losses), as
-`step.py` is the acoustic model's: Keras' `fit` drives it, with the same parts (skip of a non-finite
-update, loss scaling under fp16, Keras' gradient accumulation, gradients averaged across replicas).
+"""The neural vocoder's training step (`myxtts/models/vocoder.py` has the network,
+`myxtts/models/vocoder_losses.py` its losses, `vocoder_clips.py` its segments), as `step.py` is the
+acoustic model's: Keras' `fit` drives it, with the same parts (skip of a non-finite update, loss
+scaling under fp16, Keras' gradient accumulation, gradients averaged across replicas).
 `utilities/train_vocoder.py` builds and runs it.
 """
 
@@ -11,11 +12,12 @@ import tensorflow as tf
 
 from myxtts.data import audio
 from myxtts.models.griffin_lim import istft, stft
-from myxtts.models.vocoder import (SpectrogramDiscriminator, Vocoder, adversarial_losses, compressed_spectrum_loss,
-                                   mel_segments, multi_resolution_stft_loss, phase_angle_losses, segment_starts,
-                                   waveform_segments)
+from myxtts.models.vocoder import Vocoder
+from myxtts.models.vocoder_losses import (SpectrogramDiscriminator, adversarial_losses, compressed_spectrum_loss,
+                                          multi_resolution_stft_loss, phase_angle_losses)
 from myxtts.training.distribute import all_reduce_mean, reducible_logs
 from myxtts.training.step import applied, loss_scale
+from myxtts.training.vocoder_clips import mel_segments, segment_starts, waveform_segments
 
 
 class VocoderTrainer(keras.Model):
