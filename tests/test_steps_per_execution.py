@@ -102,3 +102,21 @@ def test_four_steps_per_call_stop_at_max_steps_not_after(demo_corpus, tmp_path):
     assert result.step == 6  # was 8: two calls of 4
     assert [r["step"] for r in result.history] == [3, 6]  # the largest divisor of 6 up to 4
     assert any("training.steps_per_execution 4 -> 3" in line and "training.max_steps (6)" in line for line in lines)
+
+
+def test_the_line_says_why_and_which_max_steps_keep_the_calls():
+    from myxtts.training.trainer import _fit_calls_to_max_steps
+
+    def lowered(max_steps, done, accumulation, requested, checkpoint_interval=200):
+        lines, model = [], types.SimpleNamespace(steps_per_execution=requested)
+        training = types.SimpleNamespace(max_steps=max_steps, checkpoint_interval=checkpoint_interval)
+        _fit_calls_to_max_steps(model, training, done, accumulation, lines.append)
+        return model.steps_per_execution, lines
+
+    assert lowered(20, 0, 1, 4) == (4, [])
+    per_call, [line] = lowered(1237, 0, 1, 4)  # --epochs can make any max_steps
+    assert per_call == 1 and line.endswith("1 divides the 1237 micro-batches left (training.max_steps 1236 or 1240 keeps 4)")
+    per_call, [line] = lowered(10, 0, 3, 4)  # 30 micro-batches at accumulation 3: 24 and 36 are whole calls
+    assert per_call == 3 and line.endswith("(training.max_steps 8 or 12 keeps 4)")
+    per_call, [line] = lowered(2000, 0, 1, 100000, checkpoint_interval=200)
+    assert per_call == 200 and "kept within training.checkpoint_interval (200 updates)" in line

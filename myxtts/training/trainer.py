@@ -373,8 +373,15 @@ def _fit_calls_to_max_steps(model, t, micro_steps_done: int, accumulation: int, 
         why = (f"a call runs whole before Ctrl-C, SIGTERM or a checkpoint is heard, so it is kept within "
                f"training.checkpoint_interval ({t.checkpoint_interval} updates)")
     else:
+        def whole_calls(max_steps):  # a max_steps the requested calls end at exactly
+            return max_steps * accumulation > micro_steps_done and (max_steps * accumulation - micro_steps_done) % requested == 0
+
+        nearest = [next((m for m in steps if whole_calls(m)), None)
+                   for steps in (range(t.max_steps - 1, 0, -1), range(t.max_steps + 1, t.max_steps + requested + 1))]
+        nearest = [str(m) for m in nearest if m is not None]
+        hint = f" (training.max_steps {' or '.join(nearest)} keeps {requested})" if nearest else ""
         why = (f"Keras runs every call whole, so calls of {requested} would train past training.max_steps "
-               f"({t.max_steps}); {per_call} divides the {left} micro-batches left")
+               f"({t.max_steps}); {per_call} divides the {left} micro-batches left{hint}")
     echo(f"training.steps_per_execution {requested} -> {per_call}: {why}")
     model.steps_per_execution = per_call
 
