@@ -46,7 +46,7 @@ from pathlib import Path
 import keras
 import tensorflow as tf
 
-from myxtts.data.pipeline import reference_log_mel_of_bytes
+from myxtts.data.clip_features import reference_log_mel_of_bytes
 from myxtts.data.text import SPECIAL_TOKENS, tokenize
 from myxtts.export_folder import check_export_target, staged
 from myxtts.models.griffin_lim import log_mel_to_audio

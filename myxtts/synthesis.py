@@ -25,7 +25,7 @@ import tensorflow as tf
 from myxtts.config import Config, load_run_config
 from myxtts.data.audio import data_problem, load_wav, without_advice
 from myxtts.data.phonemes import model_text
-from myxtts.data.pipeline import reference_log_mel
+from myxtts.data.clip_features import reference_log_mel
 from myxtts.data.text import PAD_ID, UNK_ID, Vocabulary, symbols, tokenize
 from myxtts.data.wav_header import SILENT_PEAK
 from myxtts.evaluation.speech import trimmed_clip

@@ -25,7 +25,8 @@ import pytest
 from myxtts.config import load_config
 from myxtts.data import service_listen
 from myxtts.data.manifest import read_manifest
-from myxtts.data.pipeline import Epochs, check_dispatcher, reference_log_mel
+from myxtts.data.clip_features import reference_log_mel
+from myxtts.data.pipeline import Epochs, check_dispatcher
 from myxtts.diagnostics.graph_scan import dataset_ops, find_python_ops
 from myxtts.training.trainer import train
 from utilities import data_service

@@ -103,7 +103,7 @@ def test_the_saved_model_reads_a_reference_at_another_rate_as_the_pipeline_does(
     import soxr
     import tensorflow as tf
 
-    from myxtts.data.pipeline import reference_log_mel
+    from myxtts.data.clip_features import reference_log_mel
 
     run, out = exported
     d = Synthesizer.from_run(run).config.data

@@ -10,8 +10,8 @@ import tensorflow as tf
 
 from myxtts.config import load_config
 from myxtts.data.manifest import Utterance, read_manifest
-from myxtts.data.pipeline import (Epochs, NoFullBatch, assign_references, bucket_index, build_dataset,
-                                   shuffle_with_key)
+from myxtts.data.buckets import bucket_index
+from myxtts.data.pipeline import Epochs, NoFullBatch, assign_references, build_dataset, shuffle_with_key
 from myxtts.data.text import PAD_ID
 from myxtts.diagnostics.graph_scan import find_python_ops
 
@@ -247,7 +247,7 @@ def test_empty_manifest_is_an_error():
 
 
 def test_mel_on_device_gives_the_same_features(utterances):
-    from myxtts.data.pipeline import mel_from_audio
+    from myxtts.data.clip_features import mel_from_audio
 
     for level in ("enhanced", "basic"):  # bucketed and batch-padded
         host = list(build_dataset(_config(level=level), utterances, training=False).as_numpy_iterator())
@@ -307,7 +307,8 @@ def test_a_speaker_sorted_manifest_gives_batches_of_mixed_speakers(utterances, c
 
 
 def test_references_are_another_clip_of_the_speaker_drawn_again_each_epoch(utterances):
-    from myxtts.data.pipeline import build_vocabulary, reference_log_mel
+    from myxtts.data.clip_features import reference_log_mel
+    from myxtts.data.pipeline import build_vocabulary
 
     config = _config("data.bucketing=false")
     c = config.data

@@ -57,7 +57,7 @@ def test_more_reference_clips_are_averaged_into_the_voice_of_the_same_sentences(
     import numpy as np
     import tensorflow as tf
 
-    from myxtts.data.pipeline import reference_log_mel
+    from myxtts.data.clip_features import reference_log_mel
     from myxtts.models.inference import generate
     from myxtts.synthesis import Synthesizer
 
@@ -87,7 +87,7 @@ def test_each_voice_is_fitted_once_to_its_reference_and_its_words_and_speaks_the
     import tensorflow as tf
 
     from myxtts.data.phonemes import model_texts
-    from myxtts.data.pipeline import reference_log_mel
+    from myxtts.data.clip_features import reference_log_mel
     from myxtts.evaluation.speech import trimmed_clip
     from myxtts.models.voice_fit import fit_voice_to_clips
     from myxtts.synthesis import Synthesizer

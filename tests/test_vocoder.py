@@ -141,7 +141,7 @@ def test_the_update_with_its_discriminator_compiles_with_xla(waveform_batch):
     # train_vocoder.py compiles it with XLA on a GPU: every op of the step (the STFTs, the inverse
     # STFT, the skip of a non-finite update, both optimizers, the Griffin-Lim phase prior's features and
     # turn: its default) must compile, which a CPU shows too.
-    from myxtts.data.pipeline import mel_from_audio
+    from myxtts.data.clip_features import mel_from_audio
 
     c, batch = waveform_batch
     keras.utils.set_random_seed(0)

@@ -325,7 +325,7 @@ def baseline_epochs(config, utterances, vocabulary, skips_dropped: bool = False)
     import numpy as np
     import tensorflow as tf
 
-    from myxtts.data import pipeline
+    from myxtts.data import clip_features, pipeline
     from myxtts.data.phonemes import phonemize_utterances
     from myxtts.data.text import TEXT_REPLACEMENTS
 
@@ -392,7 +392,7 @@ def baseline_epochs(config, utterances, vocabulary, skips_dropped: bool = False)
 
         def _decoded(self, rows):
             ds = rows.map(decode_row, num_parallel_calls=parallel_calls, deterministic=self.ordered)
-            return ds.filter(lambda example: pipeline.within_limits(example, c))
+            return ds.filter(lambda example: clip_features.within_limits(example, c))
 
         def _clip_features(self, example):
             return feature_row(example)

@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     import tensorflow as tf
 
     from myxtts.config import load_config
-    from myxtts.data import audio, pipeline
+    from myxtts.data import audio, clip_features
     from myxtts.data.manifest import read_manifest
 
     tf.config.threading.set_inter_op_parallelism_threads(1)
@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
         ("  magnitude: tf.abs(complex)", tf.abs, spectrum),
         ("  magnitude: sqrt(re^2 + im^2)", lambda z: tf.sqrt(tf.square(tf.math.real(z)) + tf.square(tf.math.imag(z))), spectrum),
         ("  of which: mel filter matmul", lambda m: tf.matmul(m, filters[:bins]), tf.abs(spectrum)),
-        ("reference (read, middle, log-mel)", lambda p: pipeline.reference_log_mel(p, c), path),
+        ("reference (read, middle, log-mel)", lambda p: clip_features.reference_log_mel(p, c), path),
     ]
     overhead = per_call_ms(lambda x: x + 1.0, tf.constant(1.0))
     print(f"{'stage':40s} ms per clip")

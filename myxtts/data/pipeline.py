@@ -5,6 +5,9 @@
       -> shuffle (every epoch) -> reference clip of the same voice (drawn every epoch)
       -> bucket by length, pad to the bucket's size -> prefetch (to the GPU)
 
+One clip's stages are `clip_features.py`'s (decode, limits, log-mel, the reference's log-mel), the
+bucketing and padding `buckets.py`'s; this module puts them in order over a corpus, epoch after epoch.
+
 Nothing in the hot path calls back into Python (tests/test_pipeline.py scans the dataset graph for
 PyFunc ops), so the input pipeline scales with cores instead of queueing on the GIL. Batches are
 padded to bucket boundaries, not to the longest clip in the batch, so a compiled train step sees
@@ -50,7 +53,7 @@ slow ones every epoch.
 A batch is a dict:
     mel              float32 [batch, frames, n_mels]   log-mel, padded with log(data.log_floor)
                      (with data.mel_on_device: `audio` float32 [batch, (frames - 1) * hop] instead,
-                     zero-padded, which `mel_from_audio` turns into `mel` inside the compiled step)
+                     zero-padded, which `clip_features.mel_from_audio` turns into `mel` in the compiled step)
     mel_length       int32   [batch]                   true frame counts (mask with these)
     tokens           int32   [batch, text_length]      one id per symbol of the model text, padded with PAD_ID
     text_length      int32   [batch]
@@ -62,8 +65,6 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import functools
-import math
 import os
 import random
 import socket
@@ -72,13 +73,15 @@ import numpy as np
 import tensorflow as tf
 
 from myxtts.config import Config, DataConfig
-from myxtts.data import audio
+from myxtts.data.buckets import batch_by_bucket, batch_key
+from myxtts.data.clip_features import (clip_features, clip_limits, decode_row, mel_frames, reference_log_mel,
+                                       within_limits)
 from myxtts.data.feature_cache import plan_cache
 from myxtts.data.manifest import Utterance, read_manifest
 from myxtts.data.phonemes import model_texts, phonemize_utterances
 from myxtts.data.references import CropTable, ReferenceTable, assign_references  # noqa: F401 (assign_references: public here too)
-from myxtts.data.text import PAD_ID, Vocabulary, tokenize
-from myxtts.data.wav_header import SILENT_PEAK, check_audio_files
+from myxtts.data.text import Vocabulary
+from myxtts.data.wav_header import check_audio_files
 from myxtts.hardware.host import usable_cores, usable_ram_bytes
 
 # Used when `data.batch_size` / `data.num_workers` are 0 ("automatic") and no hardware plan has
@@ -326,10 +329,10 @@ class Epochs:
 
         def decode(position):
             row = {key: tf.gather(value, position % n) for key, value in rows.items()}
-            return _decode(row, c, table), self.epoch_key(position // n)
+            return decode_row(row, c, table), self.epoch_key(position // n)
 
         def features(example, key):
-            return {**self._with_reference(_features(example, c), key), "clip": example["clip"]}
+            return {**self._with_reference(clip_features(example, c), key), "clip": example["clip"]}
 
         # AUTOTUNE, not data.num_workers: that was sized for this host's cores; each worker sizes its own.
         ds = tf.data.Dataset.range(start, stop)
@@ -355,11 +358,11 @@ class Epochs:
     def _decoded(self, rows: tf.data.Dataset) -> tf.data.Dataset:
         """The rows' clips decoded and tokenised, those outside the limits (`within_limits`) left out."""
         c, table = self.data, self.vocabulary.lookup_table()
-        ds = rows.map(lambda row: _decode(row, c, table), num_parallel_calls=self._parallel_calls, deterministic=self.ordered)
+        ds = rows.map(lambda row: decode_row(row, c, table), num_parallel_calls=self._parallel_calls, deterministic=self.ordered)
         return ds.filter(lambda ex: within_limits(ex, c))
 
     def _clip_features(self, example) -> dict:
-        return _features(example, self.data)
+        return clip_features(example, self.data)
 
     def _prepare_tables(self) -> None:
         """What the epochs' graphs read as constants, computed in Python before they are traced, and
@@ -389,7 +392,7 @@ class Epochs:
         reasons = []  # the limits' words, set when `map` traces `first_failed`
 
         def first_failed(row):
-            limits = clip_limits(_decode(row, c, table), c)  # the filter's own limits
+            limits = clip_limits(decode_row(row, c, table), c)  # the filter's own limits
             reasons[:] = [reason for reason, _ in limits]
             return tf.argmin(tf.cast(tf.stack([holds for _, holds in limits]), tf.int32), output_type=tf.int32)
 
@@ -472,163 +475,6 @@ def build_vocabulary(utterances: list[Utterance], c: DataConfig) -> Vocabulary:
     if c.text_frontend == "phonemes":
         utterances = phonemize_utterances(utterances, c.language, progress=True)
     return Vocabulary.from_texts(model_texts(utterances, c.text_frontend), frontend=c.text_frontend)
-
-
-def _decode(row, c: DataConfig, table) -> dict:
-    samples, rate = audio.load_wav(row["audio_path"])
-    samples = audio.resample_to(samples, rate, c.sample_rate, source=row["audio_path"])
-    if c.trim_silence_db > 0:
-        samples = audio.trim_silence(samples, c.trim_silence_db)
-    tokens = tokenize(row["text"], table, frontend=c.text_frontend)
-    # Peak-normalised later, in `_features`: the length filter and the drop of the clips no full
-    # batch will hold need only the length, so a dropped clip never pays for it.
-    return {
-        "samples": samples,
-        "tokens": tokens,
-        "clip": row["clip"],
-    }
-
-
-def within_limits(example, c: DataConfig) -> tf.Tensor:
-    """Whether a decoded clip fits `data.min/max_duration_s` and the longest text bucket, has at
-    least as many mel frames as tokens (the alignment gives every token a frame of its own), and
-    is not silent."""
-    return functools.reduce(tf.logical_and, [holds for _, holds in clip_limits(example, c)])
-
-
-def clip_limits(example, c: DataConfig) -> list[tuple[str, tf.Tensor]]:
-    """(what a clip outside it is, whether this clip is inside) for each limit `within_limits` applies.
-
-    A silent clip (digital silence or hiss: `prepare_dataset.py` rejects it, but a corpus it never saw
-    can hold one) would teach the model to say its transcript with silence; the silence trim keeps
-    such a clip whole, its own loudest frame being its reference."""
-    num_samples = tf.shape(example["samples"])[0]
-    num_tokens = tf.shape(example["tokens"])[0]
-    return [
-        (f"shorter than data.min_duration_s ({c.min_duration_s} s{', silence trimmed' if c.trim_silence_db > 0 else ''})",
-         num_samples >= int(c.min_duration_s * c.sample_rate)),
-        (f"longer than data.max_duration_s ({c.max_duration_s} s)", num_samples <= int(c.max_duration_s * c.sample_rate)),
-        (f"with more tokens than the longest text bucket ({c.bucket_text_lengths[-1]})",
-         num_tokens <= c.bucket_text_lengths[-1]),
-        ("with no tokens", num_tokens >= 1),
-        ("with fewer mel frames than tokens (the alignment gives every token a frame)",
-         mel_frames(example["samples"], c) >= num_tokens),
-        # Last: an empty clip is too short, not silent (the reasons name the first limit a clip fails).
-        (f"silent (loudest sample below {20 * math.log10(SILENT_PEAK):.0f} dBFS)",
-         tf.reduce_max(tf.abs(example["samples"])) >= SILENT_PEAK),
-    ]
-
-
-def _features(example, c: DataConfig) -> dict:
-    """A decoded clip's cached features (the reference is added after the cache, every epoch)."""
-    samples = audio.peak_normalize(example["samples"], c.peak_normalize)
-    if c.mel_on_device:
-        # The waveform travels instead; the compiled step turns it into the same log-mel.
-        signal = {"audio": samples, "mel_length": mel_frames(samples, c)}
-    else:
-        mel = audio.log_mel(samples, c)  # [frames, n_mels]
-        signal = {"mel": mel, "mel_length": tf.shape(mel)[0]}
-    return {
-        **signal,
-        "tokens": example["tokens"],
-        "text_length": tf.shape(example["tokens"])[0],
-        "clip": example["clip"],
-    }
-
-
-def reference_log_mel(path, c: DataConfig):
-    """The middle `reference_duration_s` of a clip (away from leading and trailing silence), as a
-    log-mel padded to a fixed number of frames: ([reference_frames, n_mels], true frames)."""
-    return reference_log_mel_of_bytes(tf.io.read_file(path), c, source=path)
-
-
-def reference_log_mel_of_bytes(contents, c: DataConfig, source: tf.Tensor | str = ""):
-    """`reference_log_mel` of a WAV file's bytes; `source` names it in errors."""
-    samples, rate = audio.decode_wav_bytes(contents, middle_seconds=c.reference_duration_s, source=source)
-    samples = audio.resample_to(samples, rate, c.sample_rate, source=source)[: c.reference_samples]
-    mel = audio.log_mel(audio.peak_normalize(samples, c.peak_normalize), c)  # [frames <= reference_frames, n_mels]
-    frames = tf.shape(mel)[0]
-    mel = tf.pad(mel, [[0, c.reference_frames - frames], [0, 0]], constant_values=math.log(c.log_floor))
-    return tf.ensure_shape(mel, [c.reference_frames, c.n_mels]), frames
-
-
-def mel_from_audio(batch: dict, c: DataConfig) -> dict:
-    """With `data.mel_on_device`, replace the batch's padded waveforms by their log-mel (in the step).
-
-    A bucket's waveforms are padded to (frames - 1) * hop samples, so the centred STFT gives exactly
-    the bucket's frame count; frames inside each clip's `mel_length` equal the per-clip features.
-    """
-    if "audio" not in batch:
-        return batch
-    features = {k: v for k, v in batch.items() if k != "audio"}
-    # Called as a Keras model under bf16 or fp16, the model gets its batch cast to that dtype, which
-    # the STFT does not take (the train step's own batch stays float32, so the cast changes nothing there).
-    features["mel"] = audio.log_mel(tf.cast(batch["audio"], tf.float32), c)  # [batch, frames, n_mels], float32
-    return features
-
-
-def padding_values(c: DataConfig) -> dict:
-    silence = tf.constant(math.log(c.log_floor), tf.float32)
-    zero = tf.constant(0, tf.int32)
-    return {
-        "audio" if c.mel_on_device else "mel": tf.constant(0.0) if c.mel_on_device else silence,
-        "mel_length": zero,
-        "tokens": tf.constant(PAD_ID, tf.int32),
-        "text_length": zero,
-        "reference_mel": silence,
-        "reference_length": zero,
-    }
-
-
-def mel_frames(samples, c: DataConfig) -> tf.Tensor:
-    """The frames of a clip's log-mel: the STFT is centred, so 1 + samples // hop."""
-    return 1 + tf.shape(samples)[0] // c.hop_length
-
-
-def batch_key(mel_length, text_length, c: DataConfig) -> tf.Tensor:
-    """The group a clip is batched in: its bucket, or one group for all with data.bucketing off."""
-    return bucket_index(mel_length, text_length, c) if c.bucketing else tf.constant(0, tf.int64)
-
-
-def bucket_index(mel_length, text_length, c: DataConfig) -> tf.Tensor:
-    """The smallest bucket whose mel and text sizes both fit this example."""
-    by_mel = tf.searchsorted(tf.constant(c.bucket_mel_lengths, tf.int32), tf.reshape(mel_length, [1]), side="left")
-    by_text = tf.searchsorted(tf.constant(c.bucket_text_lengths, tf.int32), tf.reshape(text_length, [1]), side="left")
-    return tf.cast(tf.maximum(by_mel, by_text)[0], tf.int64)
-
-
-def batch_by_bucket(ds: tf.data.Dataset, c: DataConfig, batch_size: int, drop_remainder: bool) -> tf.data.Dataset:
-    """Padded batches of clips of similar length, padded to bucket boundaries (one shape per bucket,
-    so XLA compiles one program each); with `data.bucketing: false`, padded to the longest in the batch."""
-    if not c.bucketing:
-        signal = {"audio": [None]} if c.mel_on_device else {"mel": [None, c.n_mels]}
-        shapes = {**signal, "tokens": [None], "reference_mel": [c.reference_frames, c.n_mels]}
-        shapes.update({k: [] for k in ("mel_length", "text_length", "reference_length")})
-        return ds.padded_batch(batch_size, shapes, padding_values(c), drop_remainder=drop_remainder)
-
-    mel_sizes = tf.constant(c.bucket_mel_lengths, tf.int64)
-    text_sizes = tf.constant(c.bucket_text_lengths, tf.int64)
-
-    def batch_one_bucket(bucket, window):
-        if c.mel_on_device:
-            signal = {"audio": tf.reshape((mel_sizes[bucket] - 1) * c.hop_length, [1])}
-        else:
-            signal = {"mel": tf.stack([mel_sizes[bucket], c.n_mels])}
-        shapes = {
-            **signal,
-            "tokens": tf.reshape(text_sizes[bucket], [1]),
-            "reference_mel": [c.reference_frames, c.n_mels],
-            "mel_length": [],
-            "text_length": [],
-            "reference_length": [],
-        }
-        return window.padded_batch(batch_size, shapes, padding_values(c), drop_remainder=drop_remainder)
-
-    return ds.group_by_window(
-        key_func=lambda ex: bucket_index(ex["mel_length"], ex["text_length"], c),
-        reduce_func=batch_one_bucket,
-        window_size=batch_size,
-    )
 
 
 def dataset_options(c: DataConfig, training: bool, ordered: bool | None = None) -> tf.data.Options:

@@ -60,7 +60,7 @@ ROUTE_SETTINGS = {
 
 
 def padded_shape(frames: int, tokens: int, config: Config) -> tuple[int, int]:
-    """(frames, tokens) a clip is padded to: its bucket's (`pipeline.bucket_index`), or its own without bucketing."""
+    """(frames, tokens) a clip is padded to: its bucket's (`buckets.bucket_index`), or its own without bucketing."""
     c = config.data
     if not c.bucketing:
         return frames, tokens

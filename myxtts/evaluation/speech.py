@@ -31,7 +31,8 @@ from myxtts.data import audio
 from myxtts.data.manifest import Utterance
 from myxtts.data.phoneme_timing import read_timing, timing_path
 from myxtts.data.phonemes import model_texts
-from myxtts.data.pipeline import assign_references, reference_log_mel
+from myxtts.data.clip_features import reference_log_mel
+from myxtts.data.references import assign_references
 from myxtts.data.text import PAD_ID, Vocabulary, split_symbols
 from myxtts.evaluation.intelligibility import IntelligibilityScorer
 from myxtts.models.inference import generate

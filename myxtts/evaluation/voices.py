@@ -156,7 +156,7 @@ class UnseenVoices:
         """{voice: voice_fit.FittedVoice}, each fitted once to its reference clips and their words."""
         import tensorflow as tf
 
-        from myxtts.data.pipeline import reference_log_mel
+        from myxtts.data.clip_features import reference_log_mel
         from myxtts.models.voice_fit import fit_voice_to_clips
 
         d, fitted = self.sentences.data_config, {}

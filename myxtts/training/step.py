@@ -18,7 +18,7 @@ import keras
 import tensorflow as tf
 
 from myxtts import compat
-from myxtts.data.pipeline import mel_from_audio
+from myxtts.data.clip_features import mel_from_audio
 from myxtts.models.alignment import AlignmentLoops
 from myxtts.models.losses import LOSS_NAMES, SPEAKER_LOSS, compute_losses
 from myxtts.training.distribute import all_reduce_mean, reducible_logs

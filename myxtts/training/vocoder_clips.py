@@ -52,7 +52,7 @@ def teacher_forced_mels(network, batches, data_config) -> dict:
 
     A vocoder fine-tuned on these (`VocoderTrainer` takes the batch's "mel" as its input) learns the
     acoustic model's smoothed mels instead of meeting them for the first time at synthesis."""
-    from myxtts.data.pipeline import mel_from_audio
+    from myxtts.data.clip_features import mel_from_audio
 
     # Traced: called eagerly, the alignment's loops would dispatch every frame's ops from Python.
     decode = tf.function(lambda batch: network(mel_from_audio(batch, data_config), training=False)["mel"],
@@ -63,7 +63,7 @@ def teacher_forced_mels(network, batches, data_config) -> dict:
 def recorded_mels(batches, data_config) -> dict:
     """Every clip of `batches` (waveform batches, `data.mel_on_device`) with its log-mel, as
     `teacher_forced_mels` gives the model's (`held_clips`)."""
-    from myxtts.data.pipeline import mel_from_audio
+    from myxtts.data.clip_features import mel_from_audio
 
     mels = tf.function(lambda batch: mel_from_audio(batch, data_config)["mel"], reduce_retracing=True)
     return held_clips([(batch["audio"], batch["mel_length"], mels(batch)) for batch in batches], data_config)
