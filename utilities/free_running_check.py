@@ -211,8 +211,14 @@ def measure_quality(sentences, mels, rows, d) -> dict:
     import numpy as np
 
     from myxtts.evaluation import quality
+    from myxtts.progress import ProgressLine
 
-    scores = [quality.dnsmos(sentences.waveform(mel), d.sample_rate) for mel in mels]
+    progress = ProgressLine("quality: DNSMOS of the syntheses", len(mels), "sentences", enabled=True)
+    scores = []
+    for mel in mels:
+        scores.append(quality.dnsmos(sentences.waveform(mel), d.sample_rate))
+        progress.update(len(scores))
+    progress.close()
     synthesized = {key: float(np.mean([s[key] for s in scores])) for key in scores[0]}
     print(f"quality: DNSMOS of the {len(mels)} syntheses: overall {synthesized['ovrl']:.2f}, P.808 {synthesized['p808']:.2f}")
     paths = [u.audio_path for u in rows]
@@ -222,7 +228,7 @@ def measure_quality(sentences, mels, rows, d) -> dict:
         makers["vocoder"] = sentences.to_audio
     recordings = quality.RecordingScores()  # scored once for both
     for name, maker in makers.items():
-        copy = quality.measure_copy_synthesis(paths, d, maker, recordings=recordings)
+        copy = quality.measure_copy_synthesis(paths, d, maker, label=f"quality: {name}", recordings=recordings)
         print(f"quality: {copy.line(name)}")
         result[f"copy_synthesis_{name}"] = vars(copy)
     return result

@@ -364,8 +364,9 @@ def train(args, machine, out: Path) -> int:
         saved = load_vocoder(out, config.data)  # as synthesis will use it: float32, from the folder
         neural = tf.function(lambda mel: saved(mel[None])[0], reduce_retracing=True)
         recordings = quality.RecordingScores()  # scored once for both
-        reports = {"griffin-lim": quality.measure_copy_synthesis(paths, config.data, recordings=recordings),
-                   "vocoder": quality.measure_copy_synthesis(paths, config.data, vocoder=neural, recordings=recordings)}
+        reports = {"griffin-lim": quality.measure_copy_synthesis(paths, config.data, label="griffin-lim", recordings=recordings),
+                   "vocoder": quality.measure_copy_synthesis(paths, config.data, vocoder=neural, label="vocoder",
+                                                             recordings=recordings)}
         for name, report in reports.items():
             print(report.line(name))
         (out / "quality.json").write_text(json.dumps({name: vars(r) for name, r in reports.items()}, indent=2), encoding="utf-8")
