@@ -208,6 +208,7 @@ def train(args, machine, out: Path) -> int:
     from myxtts.models.vocoder import (STFT_RESOLUTIONS, check_features, clip_stream, features_of, load_vocoder,
                                        recorded_mels, save_vocoder, teacher_forced_mels, vocoder_settings,
                                        with_griffin_lim_phase)
+    from myxtts.progress import ProgressLine
     from myxtts.synthesis import GRIFFIN_LIM, RUN_VOCODER, Synthesizer
     from myxtts.training import distribute
     from myxtts.training.callbacks import VocoderSamples, optimizer_step
@@ -273,14 +274,9 @@ def train(args, machine, out: Path) -> int:
         count = int(clips["mel_length"].shape[0])
         if args.phase_prior == "griffin-lim":
             started = time.monotonic()
-
-            def progress(done, total):
-                eta = (time.monotonic() - started) / done * (total - done)
-                print(f"\rGriffin-Lim's phase of the training clips: {done}/{total}, ETA {eta:.0f} s", end="",
-                      file=sys.stderr, flush=True)
-
-            clips = with_griffin_lim_phase(clips, config.data, progress)
-            print(file=sys.stderr)
+            progress = ProgressLine("Griffin-Lim's phase of the training clips", count, "clips", enabled=True)
+            clips = with_griffin_lim_phase(clips, config.data, lambda done, total: progress.update(done))
+            progress.close()
             held = sum(int(tf.size(value.flat_values if isinstance(value, tf.RaggedTensor) else value)) * value.dtype.size
                        for value in clips.values()) / 2 ** 20
             print(f"Griffin-Lim's phase of {count} training clips: {time.monotonic() - started:.0f} s ({held:.0f} MB held)")
