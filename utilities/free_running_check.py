@@ -50,7 +50,7 @@ def main(argv=None) -> int:
                         help="clips of each unseen voice averaged into its voice (default 1; the last K - 1 of its clips join the first)")
     parser.add_argument("--fit-voice", type=int, default=0, metavar="N",
                         help="also measure the unseen voices fitted to their reference clips and those clips' words "
-                             "(N updates of each voice vector, the model unchanged; synthesize.py --reference-text)")
+                             "(N updates of each voice vector, the model unchanged; synthesize.py --reference-text; default: 0, not measured)")
     # const is voice_fit.DEFAULT_HEAD_RIDGE, written out: --help stays quick, without importing TensorFlow.
     parser.add_argument("--fit-head", nargs="?", type=float, const=3.0, default=None, metavar="RIDGE",
                         help="with --fit-voice, also measure each fitted voice with a mel head fitted to its clips "
