@@ -196,7 +196,7 @@ def main(argv=None) -> int:
             routes.append(("fitted_head", args.fit_head, f"... and each with its own mel head (ridge {args.fit_head:g})"))
         for key, ridge, label in routes:
             fitted = voices.measure(network, fit_steps=args.fit_voice, head_ridge=ridge, scorer=voice_scorer,
-                                    quality=args.quality)
+                                    quality=args.quality, show_progress=True)
             report["unseen_voices"][key] = {"steps": args.fit_voice, "head_ridge": ridge,
                                             **shown(f"{label} ({args.fit_voice} updates each, {fitted.seconds:.0f} s)", fitted)}
     if args.quality:
