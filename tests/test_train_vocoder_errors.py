@@ -225,3 +225,10 @@ def test_finding_the_griffin_lim_phase_counts_the_clips_in_lines_a_log_keeps(dem
     clips = int(err.split("Griffin-Lim's phase of the training clips: ")[-1].split("/")[0]) if code == 0 else 0
     assert code == 0 and clips > 0 and f"Griffin-Lim's phase of the training clips: {clips}/{clips} clips" in err, err
     assert "\r" not in err, err  # myxtts/progress.py redraws in place only on a terminal
+    # The pass that holds every training clip and its log-mel before that (minutes for a real corpus).
+    from myxtts.config import load_config
+    from myxtts.data.splits import load_splits
+
+    config = load_config(train_vocoder.ROOT / "configs" / "demo.yaml", overrides=[f"data.train_data={demo_corpus}"])
+    rows = len(load_splits(config)[0])
+    assert f"the training clips' log-mels: {rows}/{rows} clips" in err, err
