@@ -14,5 +14,17 @@ def test_a_resumed_jobs_rate_and_eta_count_only_what_this_run_did(monkeypatch, c
     line.update(10)
     line.close()
     lines = capsys.readouterr().err.splitlines()
-    assert lines == ["job: 8/10 items, 0.1 items/s, ETA 20 s", "job: 10/10 items, 0.1 items/s, ETA 0 s",
-                     "job: 10/10 items, 0.1 items/s, done in 40.0 s"], lines
+    assert lines == ["job: 8/10 items, 0.1 items/s, ETA 20 s", "job: 10/10 items, 0.1 items/s, done in 40.0 s"], lines
+
+
+def test_the_last_item_is_said_once_by_the_closing_line(monkeypatch, capsys):
+    """A log file held "2/2 clips, ETA 0 s" just above "2/2 clips, done in 15.2 s" (measure_quality.py)."""
+    clock = [0.0]
+    monkeypatch.setattr(progress.time, "monotonic", lambda: clock[0])
+    line = ProgressLine("job", 2, "clips", enabled=True)
+    for done in (1, 2):
+        clock[0] += 11.0  # past the 10 s between a log file's lines
+        line.update(done)
+    line.close()
+    assert capsys.readouterr().err.splitlines() == ["job: 1/2 clips, 0.1 clips/s, ETA 11 s",
+                                                    "job: 2/2 clips, 0.1 clips/s, done in 22.0 s"]
