@@ -125,6 +125,8 @@ def speak_demo_sample(workdir: Path, result) -> None:
         return
     from myxtts.synthesis import validation_sample
 
+    print(f"speaking a held-out sentence into {workdir / 'demo_sample.wav'} (about 45 s on 2 CPU cores, most of it "
+          "tracing the synthesis)", file=sys.stderr, flush=True)
     sample = validation_sample(workdir, workdir / "demo_sample.wav")
     print(
         f"listen: {sample['out']} ({sample['audio_seconds']:.2f} s; espeak said it in {sample['recording_seconds']:.2f} s)\n"
