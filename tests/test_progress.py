@@ -28,3 +28,25 @@ def test_the_last_item_is_said_once_by_the_closing_line(monkeypatch, capsys):
     line.close()
     assert capsys.readouterr().err.splitlines() == ["job: 1/2 clips, 0.1 clips/s, ETA 11 s",
                                                     "job: 2/2 clips, 0.1 clips/s, done in 22.0 s"]
+
+
+def test_validation_counts_the_sentences_it_speaks(monkeypatch, capsys):
+    """A validation with training.wer_sentences (24 in the demo: ~50 s on 2 cores) was silent after the
+    last step line's "ETA 0:00:00"; SpeechCheck now has the sentences counted as they are spoken."""
+    import numpy as np
+
+    from myxtts.evaluation.speech import HeldOutSentences, SpeechReport
+    from myxtts.training.callbacks import SpeechCheck
+
+    def measure(self, network, scorer, show_progress=False):
+        line = ProgressLine("speaking the sentences", 3, "sentences", enabled=show_progress)
+        line.update(3)
+        line.close()
+        return SpeechReport(0.5, 1.0, [], 1.0, "intelligibility: WER 0.500", [np.zeros((4, 80), np.float32)])
+
+    monkeypatch.setattr(HeldOutSentences, "measure", measure)
+    echoed, logs = [], {"val_loss": 1.0}
+    check = SpeechCheck(None, HeldOutSentences.__new__(HeldOutSentences), "scorer", None, echo=echoed.append)
+    check.on_epoch_end(0, logs)
+    assert "speaking the sentences: 3/3 sentences" in capsys.readouterr().err
+    assert logs["val_wer"] == 0.5 and echoed[0].startswith("held-out sentences spoken from text: intelligibility: WER 0.500")
