@@ -23,21 +23,29 @@ DEMO_CORPUS = ROOT / "demo_corpus"
 
 
 def parse_args(argv=None) -> argparse.Namespace:
+    from myxtts.config import Config, get_value
+
+    defaults = Config()  # the one place defaults live; --help says them
+
+    def key(name: str) -> str:
+        value = get_value(defaults, name)
+        return f"{name}, default {'from --optimization-level' if value is None else value}"
+
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", help="YAML config (see configs/config.yaml for every key)")
     p.add_argument("--train-data", help="LJSpeech folder, metadata.csv or JSONL manifest (data.train_data)")
     p.add_argument("--val-data", help="validation set in the same formats (data.val_data); default: hold out data.val_fraction")
     p.add_argument("--output-dir", "--checkpoint-dir", dest="output_dir", help="run folder: checkpoints, logs, vocab.txt, config.yaml (default runs/<config name>)")
-    p.add_argument("--batch-size", type=int, help="clips per batch per replica, 0 = automatic (data.batch_size)")
-    p.add_argument("--grad-accumulation", "--grad-accum", dest="grad_accumulation", type=int, help="micro-batches per update, 0 = automatic (training.gradient_accumulation_steps)")
-    p.add_argument("--num-workers", type=int, help="parallel input calls, 0 = automatic (data.num_workers)")
-    p.add_argument("--lr", type=float, help="peak learning rate (training.learning_rate)")
-    p.add_argument("--model-size", choices=["tiny", "small", "base"], help="model.size")
-    p.add_argument("--optimization-level", choices=["basic", "enhanced", "experimental"], help="preset for keys left null (see README)")
-    p.add_argument("--optimizer", choices=["adamw", "prodigy"], help="training.optimizer")
-    p.add_argument("--precision", choices=["auto", "bf16", "fp16", "fp32"], help="training.precision")
+    p.add_argument("--batch-size", type=int, help=f"clips per batch per replica, 0 = automatic ({key('data.batch_size')})")
+    p.add_argument("--grad-accumulation", "--grad-accum", dest="grad_accumulation", type=int, help=f"micro-batches per update, 0 = automatic ({key('training.gradient_accumulation_steps')})")
+    p.add_argument("--num-workers", type=int, help=f"parallel input calls, 0 = automatic ({key('data.num_workers')})")
+    p.add_argument("--lr", type=float, help=f"peak learning rate ({key('training.learning_rate')})")
+    p.add_argument("--model-size", choices=["tiny", "small", "base"], help=f"the model's size ({key('model.size')})")
+    p.add_argument("--optimization-level", choices=["basic", "enhanced", "experimental"], help=f"preset for keys left null (see README; {key('training.optimization_level')})")
+    p.add_argument("--optimizer", choices=["adamw", "prodigy"], help=f"the optimizer ({key('training.optimizer')})")
+    p.add_argument("--precision", choices=["auto", "bf16", "fp16", "fp32"], help=f"the compute precision; auto: from the GPU, timed on a CPU ({key('training.precision')})")
     steps = p.add_mutually_exclusive_group()
-    steps.add_argument("--max-steps", type=int, help="optimizer updates to train for (training.max_steps)")
+    steps.add_argument("--max-steps", type=int, help=f"optimizer updates to train for ({key('training.max_steps')})")
     steps.add_argument("--epochs", type=positive_epochs, help="passes over the training set (> 0, fractions allowed), converted to training.max_steps")
     again = p.add_mutually_exclusive_group()
     again.add_argument("--resume", action="store_true", help="resume from the run folder's latest checkpoint; error if there is none (re-running without flags also resumes when one exists)")
@@ -117,6 +125,8 @@ def speak_demo_sample(workdir: Path, result) -> None:
         return
     from myxtts.synthesis import validation_sample
 
+    print(f"speaking a held-out sentence into {workdir / 'demo_sample.wav'} (about 45 s on 2 CPU cores, most of it "
+          "tracing the synthesis)", file=sys.stderr, flush=True)
     sample = validation_sample(workdir, workdir / "demo_sample.wav")
     print(
         f"listen: {sample['out']} ({sample['audio_seconds']:.2f} s; espeak said it in {sample['recording_seconds']:.2f} s)\n"

@@ -95,7 +95,10 @@ def export_run(run_dir: str | os.PathLike, out_dir: str | os.PathLike, checkpoin
         return {"audio": audio, "mel": mel}
 
     out = Path(out_dir)
+    # Tracing, writing and converting take half a minute for the base model on a CPU, silent without these.
+    stages = 2 if tflite else 1
     with staged(out) as folder:
+        echo(f"export 1/{stages}: tracing the endpoints and writing the SavedModel")
         archive = keras.export.ExportArchive()
         archive.track(network)
         if neural is not None:
@@ -114,6 +117,7 @@ def export_run(run_dir: str | os.PathLike, out_dir: str | os.PathLike, checkpoin
         if tflite:
             from myxtts.export_tflite import convert
 
+            echo(f"export 2/{stages}: converting to TFLite")
             (folder / "model.tflite").write_bytes(convert(network, d, neural))
     written = {"saved_model": str(out), "vocoder": settings["vocoder"]}
     echo(f"wrote the SavedModel {out} (endpoints reference_mel, tokenize, synthesize; audio by {settings['vocoder']})")

@@ -25,8 +25,9 @@ class ProgressLine:
     def update(self, done: int) -> None:
         self.done = done
         now = time.monotonic()
-        # Redrawing on every item would make the terminal the bottleneck.
-        if self.enabled and now - self.last_draw >= (0.25 if self.interactive else 10.0):
+        # Redrawing on every item would make the terminal the bottleneck. The last item's line is
+        # close()'s: drawn here too, a log file held "n/n ..., ETA 0 s" just above "n/n ..., done in".
+        if self.enabled and done < self.total and now - self.last_draw >= (0.25 if self.interactive else 10.0):
             self.last_draw = now
             self._draw(now, final=False)
 

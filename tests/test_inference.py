@@ -211,6 +211,24 @@ def test_synthesize_cli_stops_on_unseen_phonemes_and_drop_unknown_leaves_them_ou
     assert asked == ["griffin-lim", "griffin-lim"]  # --vocoder reaches the synthesizer
 
 
+def test_synthesize_cli_names_an_unseen_phoneme_before_fitting_the_voice(hello_synthesizer, tmp_path, monkeypatch, capsys):
+    """With --reference-text the voice was fitted first (seconds a clip, 200 updates), and only then was
+    the text found to hold a phoneme the run never saw."""
+    from myxtts.synthesis import Synthesizer
+    from utilities import synthesize
+
+    synthesizer, voice = hello_synthesizer
+    monkeypatch.setattr(Synthesizer, "from_run", classmethod(lambda cls, run_dir, checkpoint=None, vocoder=None: synthesizer))
+
+    def fitted(*args, **kwargs):
+        raise AssertionError("the voice was fitted before the text was checked")
+
+    monkeypatch.setattr(Synthesizer, "fitted_voice", fitted)
+    assert synthesize.main(["--checkpoint", str(tmp_path), "--text", "Hello, is it there?", "--reference", str(voice),
+                            "--reference-text", "Hello there.", "--out", str(tmp_path / "refused.wav")]) == 2
+    assert "'ɪ' (in 'ɪ|z')" in capsys.readouterr().err
+
+
 def test_a_wav_that_cannot_be_written_leaves_the_file_that_was_there_and_says_why(hello_synthesizer, tmp_path,
                                                                                   monkeypatch, capsys):
     """`--out` was written in place: a full disk left a truncated WAV where the last one was, and a

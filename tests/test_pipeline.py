@@ -525,3 +525,22 @@ def test_a_cache_folder_that_cannot_be_written_is_one_line_naming_it(utterances,
     config = _config("data.bucketing=false", f"data.cache_dir={folder}")
     with pytest.raises(ValueError, match=r"cannot write the feature cache in .*notes\.txt/cache .*data\.cache_dir"):
         Epochs(config, utterances[:8], training=True)
+
+
+@pytest.mark.parametrize("cache", [False, True])
+def test_the_one_pass_over_a_large_corpus_counts_its_clips(demo_corpus, utterances, cache, tmp_path, monkeypatch, capsys):
+    """The pass that fills the feature cache before the first step (~10 ms a clip on 2 cores) was one line and
+    then minutes of silence for a corpus of tens of thousands of clips; it now counts them."""
+    from conftest import tiny_config
+
+    from myxtts.data import pipeline
+    from myxtts.data.pipeline import build_vocabulary
+
+    monkeypatch.setattr(pipeline, "LONG_LENGTH_PASS", len(utterances))  # the demo corpus as a large one
+    config = tiny_config(demo_corpus, f"data.cache_features={str(cache).lower()}", f"data.cache_dir={tmp_path}")
+    lines = []
+    Epochs(config, utterances, training=True, vocabulary=build_vocabulary(utterances, config.data),
+           echo=lines.append).clip_lengths()
+    announced = "computing the features of 24 clips once" if cache else "reading the lengths of 24 clips once"
+    assert any(line.startswith(announced) for line in lines), lines
+    assert f"the clips' {'features' if cache else 'lengths'}: 24/24 clips" in capsys.readouterr().err

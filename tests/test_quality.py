@@ -50,16 +50,30 @@ def test_pesq_is_none_without_the_package(copy, monkeypatch):
     assert "PESQ-WB not measured (pip install pesq)" in report.line()
 
 
+def test_copy_synthesis_of_many_clips_says_how_far_it_is(demo_corpus, monkeypatch, capsys):
+    """A clip costs seconds on a CPU (DNSMOS, PESQ, 32 Griffin-Lim iterations): train_vocoder.py's closing
+    measure and free_running_check.py --quality went silent for minutes over a validation split."""
+    monkeypatch.setattr(quality, "dnsmos", lambda samples, rate: {"ovrl": 3.0, "sig": 3.0, "bak": 3.0, "p808": 3.0})
+    data, paths = load_config().data, [row.audio_path for row in read_manifest(demo_corpus)[:2]]
+    noise = np.random.default_rng(0).normal(0, 0.1, data.hop_length * 2000).astype(np.float32)
+    quality.measure_copy_synthesis(paths, data, vocoder=lambda log_mel: noise[: data.hop_length * len(log_mel)],
+                                   label="noise")
+    assert "noise copy-synthesis: 2/2 clips" in capsys.readouterr().err
+    quality.measure_copy_synthesis(paths[:1], data, vocoder=lambda log_mel: noise[: data.hop_length * len(log_mel)])
+    assert capsys.readouterr().err == ""  # no label, no line (a caller that prints its own)
+
+
 def test_measure_quality_puts_a_vocoder_beside_griffin_lim_on_the_same_clips(demo_corpus, tmp_path, capsys, monkeypatch):
     from conftest import make_vocoder_folder
     from utilities import measure_quality
 
     # The measures themselves are tested above; this checks what the tool hands them (the real
     # measurement of one clip by two vocoders costs ~30 s here).
-    calls = []
+    calls, labels = [], []
 
-    def measure(paths, data_config, vocoder=None, progress=None, scorer=None, texts=None, recordings=None):
+    def measure(paths, data_config, vocoder=None, label=None, scorer=None, texts=None, recordings=None):
         calls.append((list(paths), vocoder, recordings))
+        labels.append(label)
         assert scorer is None and texts is None  # without --wer
         return quality.QualityReport(len(paths), 0.9 + 0.01 * len(calls), None, *[{"ovrl": 2, "sig": 3, "bak": 3, "p808": 3}] * 2)
 
@@ -71,6 +85,7 @@ def test_measure_quality_puts_a_vocoder_beside_griffin_lim_on_the_same_clips(dem
     (gl_paths, gl, gl_recordings), (vocoder_paths, vocoder, vocoder_recordings) = calls
     assert gl is None and gl_paths == vocoder_paths and len(gl_paths) == 3  # Griffin-Lim and the vocoder, same clips
     assert isinstance(gl_recordings, quality.RecordingScores) and vocoder_recordings is gl_recordings  # scored once
+    assert labels == ["Griffin-Lim", str(tmp_path / "vocoder")]  # each measure's progress line names its vocoder
     log_mel = np.random.default_rng(0).normal(-4, 1, (20, load_config().data.n_mels)).astype(np.float32)
     np.testing.assert_allclose(np.asarray(vocoder(log_mel)), np.asarray(expected(log_mel[None])[0]), atol=1e-5)
     lines = capsys.readouterr().out.splitlines()
@@ -136,7 +151,7 @@ def test_measure_quality_with_wer_hands_a_recognizer_of_the_corpus_and_each_clip
     built, handed = [], []
     monkeypatch.setattr(intelligibility, "Recognizer", lambda sentences: built.append(list(sentences)) or "recognizer")
 
-    def measure(paths, data_config, vocoder=None, progress=None, scorer=None, texts=None, recordings=None):
+    def measure(paths, data_config, vocoder=None, label=None, scorer=None, texts=None, recordings=None):
         handed.append((list(paths), scorer.recognizer, texts))
         return quality.QualityReport(len(paths), 0.9, None, *[{"ovrl": 2, "sig": 3, "bak": 3, "p808": 3}] * 2, 0.1, 0.0)
 

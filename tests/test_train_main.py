@@ -182,6 +182,23 @@ def test_a_stopped_demo_says_how_to_hear_its_checkpoint_instead_of_speaking_the_
     assert spoken == [tmp_path / "demo_sample.wav"] and "listen: " in capsys.readouterr().err
 
 
+def test_a_finished_demo_says_it_is_speaking_its_sample_before_the_silent_seconds(tmp_path, monkeypatch, capsys):
+    """After "finished at step N" the sample took ~45 s on 2 cores with nothing said."""
+    from types import SimpleNamespace
+
+    import myxtts.synthesis
+
+    def validation_sample(workdir, out):
+        print("(speaking)", file=sys.stderr)
+        return {"out": out, "audio_seconds": 2.5, "recording_seconds": 2.9, "text": "Hi.", "speaker": "s",
+                "reference": "r.wav", "dropped": []}
+
+    monkeypatch.setattr(myxtts.synthesis, "validation_sample", validation_sample)
+    train_main.speak_demo_sample(tmp_path, SimpleNamespace(interrupted_by=None))
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0].startswith(f"speaking a held-out sentence into {tmp_path / 'demo_sample.wav'}") and lines[1] == "(speaking)"
+
+
 def test_a_clip_that_is_not_a_wav_is_named_in_one_line(demo_corpus, tmp_path, capsys):
     # The pipeline's own check names the file; train_main prints that line alone, exit 2.
     corpus = tmp_path / "corpus"

@@ -217,3 +217,20 @@ def test_a_vocoder_to_start_from_of_other_features_is_refused_before_the_clips_a
     code, err = run(capsys, "--train-data", str(demo_corpus), "--output-dir", str(tmp_path / "v"),
                     "--init-from", str(start), "--set", "data.fmin=50")
     assert code == 2 and f"{start} was trained on other features" in err and "data.fmin: vocoder 0" in err, err
+
+
+@pytest.mark.slow
+def test_finding_the_griffin_lim_phase_counts_the_clips_in_lines_a_log_keeps(demo_corpus, tmp_path, capsys):
+    """Minutes for a real corpus (0.2 s a clip on 2 cores): its progress was one line redrawn with \\r
+    for every clip, which a log file holds as a single line of thousands of entries."""
+    code, err = run(capsys, "--train-data", str(demo_corpus), "--output-dir", str(tmp_path / "v"))
+    clips = int(err.split("Griffin-Lim's phase of the training clips: ")[-1].split("/")[0]) if code == 0 else 0
+    assert code == 0 and clips > 0 and f"Griffin-Lim's phase of the training clips: {clips}/{clips} clips" in err, err
+    assert "\r" not in err, err  # myxtts/progress.py redraws in place only on a terminal
+    # The pass that holds every training clip and its log-mel before that (minutes for a real corpus).
+    from myxtts.config import load_config
+    from myxtts.data.splits import load_splits
+
+    config = load_config(train_vocoder.ROOT / "configs" / "demo.yaml", overrides=[f"data.train_data={demo_corpus}"])
+    rows = len(load_splits(config)[0])
+    assert f"the training clips' log-mels: {rows}/{rows} clips" in err, err

@@ -167,3 +167,23 @@ def test_the_free_running_check_refuses_an_unseen_voices_corpus_before_measuring
     write_jsonl(read_manifest(unseen_voices_corpus)[:1], one_clip)
     assert free_running_check.main(["--run", str(trained_run), "--unseen-voices", str(one_clip)]) == 2
     assert "fewer than 5 clips" in capsys.readouterr().err.strip().splitlines()[-1]
+
+
+def test_fitting_the_voices_counts_them(unseen_voices_corpus, monkeypatch, capsys):
+    """free_running_check.py --fit-voice N fits every voice for N updates, seconds a clip each on a CPU: a
+    corpus of voices was minutes without a line. (The fit itself is faked: the count is what is tested.)"""
+    import types
+
+    from myxtts.models import voice_fit
+
+    config, rows = load_config(), read_manifest(unseen_voices_corpus)
+    references = {}
+    for row in rows:
+        references.setdefault(row.speaker, [row])
+    voices = UnseenVoices(types.SimpleNamespace(data_config=config.data), [], {}, (0.0, 0), encoder=None,
+                          references=references, vocabulary=_vocabulary(rows, config))
+    monkeypatch.setattr(voice_fit, "fit_voice_to_clips", lambda *args, steps, head_ridge: f"{steps} updates")
+    assert voices._fitted_voices(None, steps=3, show_progress=True) == {voice: "3 updates" for voice in references}
+    assert f"fitting the voices (3 updates each): {len(references)}/{len(references)} voices" in capsys.readouterr().err
+    voices._fitted_voices(None, steps=3)  # validation during training: no line
+    assert capsys.readouterr().err == ""

@@ -50,7 +50,7 @@ def main(argv=None) -> int:
                         help="clips of each unseen voice averaged into its voice (default 1; the last K - 1 of its clips join the first)")
     parser.add_argument("--fit-voice", type=int, default=0, metavar="N",
                         help="also measure the unseen voices fitted to their reference clips and those clips' words "
-                             "(N updates of each voice vector, the model unchanged; synthesize.py --reference-text)")
+                             "(N updates of each voice vector, the model unchanged; synthesize.py --reference-text; default: 0, not measured)")
     # const is voice_fit.DEFAULT_HEAD_RIDGE, written out: --help stays quick, without importing TensorFlow.
     parser.add_argument("--fit-head", nargs="?", type=float, const=3.0, default=None, metavar="RIDGE",
                         help="with --fit-voice, also measure each fitted voice with a mel head fitted to its clips "
@@ -196,7 +196,7 @@ def main(argv=None) -> int:
             routes.append(("fitted_head", args.fit_head, f"... and each with its own mel head (ridge {args.fit_head:g})"))
         for key, ridge, label in routes:
             fitted = voices.measure(network, fit_steps=args.fit_voice, head_ridge=ridge, scorer=voice_scorer,
-                                    quality=args.quality)
+                                    quality=args.quality, show_progress=True)
             report["unseen_voices"][key] = {"steps": args.fit_voice, "head_ridge": ridge,
                                             **shown(f"{label} ({args.fit_voice} updates each, {fitted.seconds:.0f} s)", fitted)}
     if args.quality:
@@ -211,8 +211,14 @@ def measure_quality(sentences, mels, rows, d) -> dict:
     import numpy as np
 
     from myxtts.evaluation import quality
+    from myxtts.progress import ProgressLine
 
-    scores = [quality.dnsmos(sentences.waveform(mel), d.sample_rate) for mel in mels]
+    progress = ProgressLine("quality: DNSMOS of the syntheses", len(mels), "sentences", enabled=True)
+    scores = []
+    for mel in mels:
+        scores.append(quality.dnsmos(sentences.waveform(mel), d.sample_rate))
+        progress.update(len(scores))
+    progress.close()
     synthesized = {key: float(np.mean([s[key] for s in scores])) for key in scores[0]}
     print(f"quality: DNSMOS of the {len(mels)} syntheses: overall {synthesized['ovrl']:.2f}, P.808 {synthesized['p808']:.2f}")
     paths = [u.audio_path for u in rows]
@@ -222,7 +228,7 @@ def measure_quality(sentences, mels, rows, d) -> dict:
         makers["vocoder"] = sentences.to_audio
     recordings = quality.RecordingScores()  # scored once for both
     for name, maker in makers.items():
-        copy = quality.measure_copy_synthesis(paths, d, maker, recordings=recordings)
+        copy = quality.measure_copy_synthesis(paths, d, maker, label=f"quality: {name}", recordings=recordings)
         print(f"quality: {copy.line(name)}")
         result[f"copy_synthesis_{name}"] = vars(copy)
     return result

@@ -84,7 +84,7 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--timing-hop", type=int, default=256,
                         help="hop length, in samples, the timing files count frames at (default: %(default)s)")
     parser.add_argument("--workers", type=int, default=0,
-                        help="worker processes; 0 uses every usable core (the bytes written do not depend on it)")
+                        help="worker processes; 0 uses every usable core (the bytes written do not depend on it; default: 0)")
     parser.add_argument("--quiet", action="store_true", help="do not print the progress line")
     arguments = parser.parse_args(argv)
     if arguments.num_utterances < 1:

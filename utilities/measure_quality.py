@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -80,23 +79,15 @@ def main(argv=None) -> int:
             print(f"error: --wer: {scorer.skipped}", file=sys.stderr)
             return 2
         words = {"scorer": scorer, "texts": [text_of[path] for path in paths]}
-    total = len(paths) * len(makers)
-    started, reports, recordings = time.monotonic(), {}, quality.RecordingScores()  # the recordings scored once
-    for index, (name, maker) in enumerate(makers.items()):
-        def progress(done, _, before=index * len(paths)):
-            finished = before + done
-            elapsed = time.monotonic() - started
-            print(f"\r{name}: {done}/{len(paths)} clips, ETA {elapsed / finished * (total - finished):.0f} s",
-                  end="", file=sys.stderr, flush=True)
-
+    reports, recordings = {}, quality.RecordingScores()  # the recordings scored once
+    for name, maker in makers.items():
         try:
             with named_data_problems():
-                reports[name] = quality.measure_copy_synthesis(paths, config.data, vocoder=maker, progress=progress,
+                reports[name] = quality.measure_copy_synthesis(paths, config.data, vocoder=maker, label=name,
                                                                recordings=recordings, **words)
         except DataProblem as error:
             print(f"\nerror: {error}", file=sys.stderr)  # the reports above stay printed
             return 2
-        print(file=sys.stderr)
         print(reports[name].line(name))
     if args.json:
         Path(args.json).write_text(json.dumps({"corpus": str(args.corpus), "clips": paths,

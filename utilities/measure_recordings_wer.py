@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def parse_arguments(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 2)[2],
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--corpus", type=Path, required=True, help="LJSpeech folder or JSONL manifest")
     parser.add_argument("--make-demo", action="store_true",
@@ -47,11 +47,12 @@ def main(argv=None) -> int:
     from myxtts.config import load_config
     from myxtts.data.manifest import read_manifest, split_train_val
     from myxtts.evaluation.intelligibility import Recognizer, read_pcm16, score_intelligibility
+    from myxtts.progress import ProgressLine
 
     if arguments.make_demo:
         from myxtts.data.demo_corpus import make_demo_corpus
 
-        make_demo_corpus(arguments.corpus, num_utterances=400, seed=0, progress=False)
+        make_demo_corpus(arguments.corpus, num_utterances=400, seed=0)
     try:
         config = load_config(arguments.config)
         utterances = read_manifest(arguments.corpus)
@@ -82,6 +83,11 @@ def main(argv=None) -> int:
             else:
                 yield np.zeros_like(samples), rate, u.text
 
+    def counted(items, progress):
+        for done, item in enumerate(items, 1):
+            yield item
+            progress.update(done)
+
     start = time.perf_counter()
     recognizers = {"all sentences": Recognizer([u.text for u in utterances]),
                    "training split only": Recognizer([u.text for u in train])}
@@ -95,7 +101,10 @@ def main(argv=None) -> int:
     print("| clips | audio | language model | WER | errors / words | decode s per audio s |")
     print("|---|---|---|---|---|---|")
     for clip_set, rows, condition, lm in plan:
-        result = score_intelligibility(clips(rows, condition), recognizers[lm])
+        # A clip takes about a second to decode here: a whole corpus's row is minutes.
+        progress = ProgressLine(f"{clip_set}, {condition}, {lm}", len(rows), "clips", enabled=True)
+        result = score_intelligibility(counted(clips(rows, condition), progress), recognizers[lm])
+        progress.close()
         errors, words = sum(r.errors for r in result.rows), sum(r.words for r in result.rows)
         print(f"| {clip_set} | {condition} | {lm} | {result.wer:.3f} | {errors} / {words} | "
               f"{result.seconds_per_audio_second:.3f} |", flush=True)

@@ -23,7 +23,9 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
             "audio that is not 16-bit PCM mono WAV at the target rate; phonemize the text with "
             "espeak-ng; write OUTPUT/manifest.jsonl and OUTPUT/rejected.tsv. Original files are "
             "never modified."
-        )
+        ),
+        epilog=__doc__.split("\n\n", 1)[1],  # the examples and what is written
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--input", type=Path, required=True,
                         help="LJSpeech folder (metadata.csv + wavs/), a metadata.csv file or a .jsonl manifest")

@@ -75,6 +75,7 @@ def main(argv=None) -> int:
         synthesizer = Synthesizer.from_run(run_dir, None if run == run_dir else str(run), vocoder=args.vocoder)
         voice = None
         if args.reference_text:
+            synthesizer.tokens(args.text, args.drop_unknown)  # a symbol the run never saw is named now, not after the fit
             voice = synthesizer.fitted_voice(args.reference, args.reference_text, steps=args.fit_steps,
                                              head_ridge=args.fit_head)
             what = "voice and mel head" if args.fit_head is not None else "voice"

@@ -75,23 +75,24 @@ def main(argv=None) -> int:
                         help="small (default: 3.2 M parameters with the Griffin-Lim phase prior, 2.7 M without) trains about twice "
                              "as many updates as base (10.6 M, 9.5 M without) in the same time, and measured as good")
     parser.add_argument("--steps", type=int, default=2400,
-                        help="optimizer updates in all (a resumed run trains up to it); the default takes ~8 min with the "
-                             "demo corpus on 2 cores of an AVX-512 EPYC, everything included")
-    parser.add_argument("--batch-size", type=int, default=16, help="segments per update (per GPU with several)")
+                        help="optimizer updates in all (a resumed run trains up to it); the default, %(default)s, takes ~8 min "
+                             "with the demo corpus on 2 cores of an AVX-512 EPYC, everything included")
+    parser.add_argument("--batch-size", type=int, default=16, help="segments per update (per GPU with several; default: %(default)s)")
     parser.add_argument("--gpus", type=int, default=None, metavar="N",
                         help="GPUs to train on (default: every GPU TensorFlow sees); more than one: "
                              "tf.distribute.MirroredStrategy, --batch-size segments on each")
     parser.add_argument("--accumulation", type=int, default=1, metavar="N",
                         help="average the gradients of N batches into each update (Keras' gradient accumulation): "
-                             "updates of N x batch segments where memory holds one batch")
+                             "updates of N x batch segments where memory holds one batch (default: %(default)s)")
     parser.add_argument("--precision", default="auto", choices=("auto", "fp32", "bf16", "fp16"),
-                        help="auto: bf16 on GPUs from compute capability 8.0, fp16 with loss scaling on 7.x, float32 "
+                        help="auto (the default): bf16 on GPUs from compute capability 8.0, fp16 with loss scaling on 7.x, float32 "
                              "on a CPU (bf16 there measured 19%% faster per update but a little worse after as many); "
                              "the saved vocoder is float32 either way")
-    parser.add_argument("--segment-frames", type=int, default=32, help="mel frames per training segment")
-    parser.add_argument("--learning-rate", type=float, default=1e-3)
+    parser.add_argument("--segment-frames", type=int, default=32, help="mel frames per training segment (default: %(default)s)")
+    parser.add_argument("--learning-rate", type=float, default=1e-3,
+                        help="peak learning rate of the vocoder's optimizer (default: %(default)s)")
     parser.add_argument("--phase-weight", type=float, default=0.0,
-                        help="weight of a loss on the compressed complex spectrum, which sees the phase (0: off)")
+                        help="weight of a loss on the compressed complex spectrum, which sees the phase (0: off; default: %(default)s)")
     parser.add_argument("--phase-prior", choices=("none", "griffin-lim"), default=None,
                         help="what the vocoder's phase turns: griffin-lim (default: the phase 32 iterations of "
                              "Griffin-Lim find, computed once per training clip and held in memory, ~0.7 GB an hour of "
@@ -99,20 +100,21 @@ def main(argv=None) -> int:
                              "--init-from: that vocoder's")
     parser.add_argument("--phase-angle-weight", type=float, default=0.0,
                         help="weight of APNet's anti-wrapping losses on the phase angle and its differences across "
-                             "bins and frames (0: off)")
+                             "bins and frames (0: off; default: %(default)s)")
     parser.add_argument("--adversarial-weight", type=float, default=0.0,
                         help="weight of a spectrogram discriminator's losses (0: none; about 0.02 is HiFi-GAN's ratio to "
-                             "the mel loss); best from a trained vocoder (--init-from)")
-    parser.add_argument("--discriminator-learning-rate", type=float, default=2e-4)
+                             "the mel loss; default: %(default)s); best from a trained vocoder (--init-from)")
+    parser.add_argument("--discriminator-learning-rate", type=float, default=2e-4,
+                        help="learning rate of the discriminator, with --adversarial-weight (default: %(default)s)")
     parser.add_argument("--xla", choices=("auto", "on", "off"), default="auto",
-                        help="compile each update with XLA; auto: on a GPU only (on 2 CPU cores it measured slower "
+                        help="compile each update with XLA; auto (the default): on a GPU only (on 2 CPU cores it measured slower "
                              "for the small and base sizes: BENCHMARKS.md)")
     parser.add_argument("--aligned-mels", action="store_true",
                         help="with --run: train on the run's own teacher-forced mels (see below)")
     parser.add_argument("--init-from", default=None, metavar="FOLDER",
                         help="start from this vocoder folder's weights (its size) instead of from scratch")
-    parser.add_argument("--quality-clips", type=int, default=10, help="validation clips to measure at the end (0: none)")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override")
+    parser.add_argument("--quality-clips", type=int, default=10, help="validation clips to measure at the end (0: none; default: %(default)s)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key, e.g. --set data.fmax=8000 (repeatable)")
     args = parser.parse_args(argv)
     if args.run is None and (args.train_data is None or args.output_dir is None):
         parser.error("give --run RUN, or --train-data and --output-dir")
@@ -207,6 +209,7 @@ def train(args, machine, out: Path) -> int:
     from myxtts.hardware.plan import vocoder_precision
     from myxtts.models.vocoder import check_features, features_of, load_vocoder, save_vocoder, vocoder_settings
     from myxtts.models.vocoder_losses import STFT_RESOLUTIONS
+    from myxtts.progress import ProgressLine
     from myxtts.training.vocoder_clips import clip_stream, recorded_mels, teacher_forced_mels, with_griffin_lim_phase
     from myxtts.synthesis import GRIFFIN_LIM, RUN_VOCODER, Synthesizer
     from myxtts.training import distribute
@@ -254,6 +257,17 @@ def train(args, machine, out: Path) -> int:
                              f"{started_from!r}; drop --phase-prior or start from scratch")
         args.phase_prior = started_from
     args.phase_prior = args.phase_prior or "griffin-lim"
+
+    def counted(batches, rows: int, label: str):
+        """`batches`, their clips counted on a progress line: one pass over a corpus is minutes (~35 ms a
+        clip on 2 cores). When it ends all `rows` were read, though the length filter leaves some out."""
+        progress = ProgressLine(label, rows, "clips", enabled=True)
+        for batch in batches:
+            yield batch
+            progress.update(progress.done + int(batch["mel_length"].shape[0]))
+        progress.update(rows)
+        progress.close()
+
     clips = None
     if args.aligned_mels:
         from myxtts.training.run_setup import prepare_run
@@ -262,25 +276,21 @@ def train(args, machine, out: Path) -> int:
         network = Synthesizer.from_run(args.run, vocoder=GRIFFIN_LIM).network
         text = prepare_run(config, args.run, resume="require", echo=lambda message: None).text  # rows as training read them
         batches = Epochs(config, text.train_rows, training=False, vocabulary=text.vocabulary).one_pass()
-        clips = teacher_forced_mels(network, batches, config.data)
+        clips = teacher_forced_mels(network, counted(batches, len(text.train_rows), "the run's own mels"), config.data)
         print(f"the run's own mels of {int(clips['mel_length'].shape[0])} training clips, teacher-forced on their recordings' alignment: "
               f"{time.monotonic() - started:.0f} s")
 
     elif args.phase_prior == "griffin-lim":  # the clips held in memory, each with its phase found once
         vocabulary = build_vocabulary(train_rows + val_rows, config.data)
-        clips = recorded_mels(Epochs(config, train_rows, training=False, vocabulary=vocabulary).one_pass(), config.data)
+        batches = Epochs(config, train_rows, training=False, vocabulary=vocabulary).one_pass()
+        clips = recorded_mels(counted(batches, len(train_rows), "the training clips' log-mels"), config.data)
     if clips is not None:
         count = int(clips["mel_length"].shape[0])
         if args.phase_prior == "griffin-lim":
             started = time.monotonic()
-
-            def progress(done, total):
-                eta = (time.monotonic() - started) / done * (total - done)
-                print(f"\rGriffin-Lim's phase of the training clips: {done}/{total}, ETA {eta:.0f} s", end="",
-                      file=sys.stderr, flush=True)
-
-            clips = with_griffin_lim_phase(clips, config.data, progress)
-            print(file=sys.stderr)
+            progress = ProgressLine("Griffin-Lim's phase of the training clips", count, "clips", enabled=True)
+            clips = with_griffin_lim_phase(clips, config.data, lambda done, total: progress.update(done))
+            progress.close()
             held = sum(int(tf.size(value.flat_values if isinstance(value, tf.RaggedTensor) else value)) * value.dtype.size
                        for value in clips.values()) / 2 ** 20
             print(f"Griffin-Lim's phase of {count} training clips: {time.monotonic() - started:.0f} s ({held:.0f} MB held)")
@@ -364,8 +374,9 @@ def train(args, machine, out: Path) -> int:
         saved = load_vocoder(out, config.data)  # as synthesis will use it: float32, from the folder
         neural = tf.function(lambda mel: saved(mel[None])[0], reduce_retracing=True)
         recordings = quality.RecordingScores()  # scored once for both
-        reports = {"griffin-lim": quality.measure_copy_synthesis(paths, config.data, recordings=recordings),
-                   "vocoder": quality.measure_copy_synthesis(paths, config.data, vocoder=neural, recordings=recordings)}
+        reports = {"griffin-lim": quality.measure_copy_synthesis(paths, config.data, label="griffin-lim", recordings=recordings),
+                   "vocoder": quality.measure_copy_synthesis(paths, config.data, vocoder=neural, label="vocoder",
+                                                             recordings=recordings)}
         for name, report in reports.items():
             print(report.line(name))
         (out / "quality.json").write_text(json.dumps({name: vars(r) for name, r in reports.items()}, indent=2), encoding="utf-8")

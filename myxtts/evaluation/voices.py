@@ -37,6 +37,7 @@ from myxtts.data.phonemes import model_texts, needs_phonemes, phonemize_utteranc
 from myxtts.data.text import Vocabulary
 from myxtts.evaluation.speaker import SpeakerEncoder, cosine_similarity, identify
 from myxtts.evaluation.speech import HeldOutSentences, trimmed_clip
+from myxtts.progress import ProgressLine
 
 # A centroid from fewer recordings than this is mostly the words, not the voice.
 MIN_CENTROID_CLIPS = 2
@@ -124,15 +125,17 @@ class UnseenVoices:
         return cls(sentences, speakers, centroids, ceiling, encoder, tuple(overlap), reference_rows, vocabulary)
 
     def measure(self, network, fit_steps: int = 0, head_ridge: float | None = None, scorer=None,
-                quality: bool = False) -> VoicesReport:
+                quality: bool = False, show_progress: bool = False) -> VoicesReport:
         """The report; with `fit_steps`, each voice is fitted to its reference clips and their words
         (`voice_fit`, that many updates; with `head_ridge`, a mel head of its own too) instead of read
         from them by the encoder in one pass. With `scorer` (an IntelligibilityScorer whose language
         model holds these sentences), the syntheses' WER too; with `quality`, their DNSMOS
-        (requirements-quality.txt)."""
+        (requirements-quality.txt). With `show_progress`, a progress line on stderr counts the voices
+        fitted (seconds a clip each on a CPU: minutes for a corpus of voices)."""
         start = time.perf_counter()
         d = self.sentences.data_config
-        mels = self._fitted_mels(network, fit_steps, head_ridge) if fit_steps else self.sentences.synthesize(network)
+        mels = (self._fitted_mels(network, fit_steps, head_ridge, show_progress) if fit_steps
+                else self.sentences.synthesize(network))
         waveforms = [self.sentences.waveform(mel) for mel in mels]
         scores = _score(self.encoder, waveforms, self.speakers, self.centroids, d.sample_rate)
         similarity, identified = _totals(scores)
@@ -152,7 +155,7 @@ class UnseenVoices:
                             len(self.centroids), time.perf_counter() - start, self.heard,
                             {voice: float(np.mean(cosines)) for voice, cosines in by_voice.items()}, wer, mos)
 
-    def _fitted_voices(self, network, steps: int, head_ridge: float | None = None) -> dict:
+    def _fitted_voices(self, network, steps: int, head_ridge: float | None = None, show_progress: bool = False) -> dict:
         """{voice: voice_fit.FittedVoice}, each fitted once to its reference clips and their words."""
         import tensorflow as tf
 
@@ -160,22 +163,26 @@ class UnseenVoices:
         from myxtts.models.voice_fit import fit_voice_to_clips
 
         d, fitted = self.sentences.data_config, {}
+        progress = ProgressLine(f"fitting the voices ({steps} updates each)", len(self.references), "voices",
+                                enabled=show_progress)
         for voice, rows in self.references.items():
             mels, lengths = zip(*(reference_log_mel(tf.constant(u.audio_path), d) for u in rows))
             token_ids = [self.vocabulary.encode(text, d.text_frontend) for text in model_texts(rows, d.text_frontend)]
             fitted[voice] = fit_voice_to_clips(network, tf.stack(mels), tf.stack(lengths),
                                                [trimmed_clip(u.audio_path, d)[0] for u in rows], token_ids, d,
                                                steps=steps, head_ridge=head_ridge)
+            progress.update(len(fitted))
+        progress.close()
         return fitted
 
-    def _fitted_mels(self, network, steps: int, head_ridge: float | None) -> list[np.ndarray]:
+    def _fitted_mels(self, network, steps: int, head_ridge: float | None, show_progress: bool = False) -> list[np.ndarray]:
         """Every sentence spoken in its fitted voice: a voice's sentences together, as each may wear
         its own mel head."""
         import tensorflow as tf
 
         from myxtts.models.voice_fit import speaking_as
 
-        fitted = self._fitted_voices(network, steps, head_ridge)
+        fitted = self._fitted_voices(network, steps, head_ridge, show_progress)
         voices = tf.concat([fitted[speaker].voice for speaker in self.speakers], axis=0)
         mels = [None] * len(self.speakers)
         for voice, fit in fitted.items():

@@ -399,7 +399,9 @@ class SpeechCheck(keras.callbacks.Callback):
         if self.scorer is not None:
             from myxtts.evaluation.speech import cap_note
 
-            report = self.sentences.measure(self.network, self.scorer)
+            # Speaking and decoding the sentences is the long part of a validation (~50 s for the demo's
+            # 24 on 2 cores): counted on stderr, so a run at "ETA 0:00:00" is not silent that long.
+            report = self.sentences.measure(self.network, self.scorer, show_progress=True)
             if report.wer is not None:
                 logs["val_wer"] = report.wer
             logs["val_length_ratio"] = report.length_ratio
