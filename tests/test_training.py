@@ -289,6 +289,27 @@ def test_raw_rows_are_phonemized_once_and_a_run_keeps_its_text_frontend(tmp_path
     assert "h" in rebuilt.symbols and "ˈ" not in rebuilt.symbols
 
 
+
+@pytest.mark.parametrize("change", ["data.sample_rate=16000", "data.hop_length=200", "data.fmax=7000.0",
+                                    "data.mel_scale=htk"])
+def test_a_resumed_run_keeps_its_log_mel_settings(tmp_path, change):
+    # Another sample rate, hop or mel scale leaves every weight's shape as it was: the run resumed
+    # without a word and trained its weights on spectrograms of other settings.
+    rows = [Utterance(f"/a/{i}.wav", text, "s", phonemes=p, language="en-us") for i, (text, p) in
+            enumerate([("Hello.", "h|ə|l|ˈoʊ|."), ("Fine.", "f|ˈaɪ|n|.")])]
+    config = load_config()
+    prepare_text(config, tmp_path, rows[:1], rows[1:]).save(tmp_path)
+    config_lib.save_config(config, tmp_path / "config.yaml")  # as train() does
+    before = sorted(p.name for p in tmp_path.iterdir())
+    key = change.split("=")[0]
+    with pytest.raises(ValueError, match=rf"{re.escape(key)}: .* then, .* now.*--reset-training"):
+        prepare_text(load_config(overrides=[change]), tmp_path, rows[:1], rows[1:], keep_vocabulary=True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
+    # fmax 0 is the Nyquist frequency: the same filterbank as the 11025 Hz it means at 22050 Hz.
+    nyquist = load_config(overrides=["data.fmax=0"])
+    config_lib.save_config(load_config(overrides=["data.fmax=11025.0"]), tmp_path / "config.yaml")
+    prepare_text(nyquist, tmp_path, rows[:1], rows[1:], keep_vocabulary=True)
+
 @pytest.mark.slow
 def test_end_to_end_resume_and_no_recompilation(demo_corpus, trained_run, trained_result, tmp_path):
     # One test, because every train() call pays for tracing the step: keep their number small.

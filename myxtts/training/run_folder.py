@@ -7,7 +7,7 @@
     <run>/phonemes.json  transcripts phonemized before (saves espeak-ng the work on a resume)
     <run>/config.yaml    the resolved config of the last start
 
-A run resumes with its own vocabulary, or stops (`prepare_text`); `--reset-training` sets aside what
+A run resumes with its own vocabulary and log-mel settings, or stops (`prepare_text`); `--reset-training` sets aside what
 ties the folder to the old run (`reset_run`) and deletes it once the new run writes (`finish_reset`),
 or puts it back if the new run never gets that far (`undo_reset`); nothing here writes until
 `RunText.save`, which the trainer calls only once the folder's checkpoint, if any, has been restored.
@@ -15,6 +15,7 @@ or puts it back if the new run never gets that far (`undo_reset`); nothing here 
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +26,7 @@ from myxtts import config as config_lib
 from myxtts.config import Config
 from myxtts.data.phonemes import model_texts, needs_phonemes, phonemize_utterances, read_phonemes_cache, save_phonemes_cache
 from myxtts.data.text import Vocabulary
+from myxtts.models.vocoder import features_of
 from myxtts.training.callbacks import console_echo
 from myxtts.training.checkpoint_fallback import candidates
 from myxtts.training.checkpoints import CheckpointError, read_meta
@@ -139,7 +141,7 @@ def prepare_text(config: Config, workdir: Path | None, train_rows, val_rows, *, 
             vocabulary = read_vocabulary(workdir)
         except CheckpointError as error:
             raise CheckpointError(f"{error} {WAYS_OUT.format(run=workdir)}") from None
-        _check_same_text_frontend(workdir, d)
+        _check_same_inputs(workdir, d)
         unknown = sorted(set(from_data.symbols) - set(vocabulary.symbols))
         if unknown:
             raise ValueError(
@@ -167,9 +169,11 @@ WAYS_OUT = ("Nothing in it was written or deleted. Either run with that run's ow
              "these weights), or pass --reset-training to delete its checkpoints and start over in {run}")
 
 
-def _check_same_text_frontend(workdir: Path, d) -> None:
-    """A run's vocab.txt holds the tokens of the front end it started with; a resumed run that read
-    text another way would look every token up wrong without any error."""
+def _check_same_inputs(workdir: Path, d) -> None:
+    """A run's vocab.txt holds the tokens of the front end it started with, and its checkpoints learnt
+    log-mels of its feature settings; a resumed run that read text another way would look every token
+    up wrong, and one with another sample rate, hop or mel scale (same weight shapes) trained on
+    spectrograms its weights never saw, both without any error."""
     saved_path = workdir / "config.yaml"
     if not saved_path.exists():
         return
@@ -182,6 +186,17 @@ def _check_same_text_frontend(workdir: Path, d) -> None:
             f"{workdir} was started with data.text_frontend={before[0]}, data.language={before[1]} and its "
             f"vocab.txt holds those tokens; this run asks for {now[0]}, {now[1]}: pass --reset-training "
             "(starts over), another --output-dir, or the run's own settings"
+        )
+    # The saved keys over this run's data settings, so that fmax: 0 and the Nyquist it means compare equal.
+    fields = {field.name for field in dataclasses.fields(d)}
+    then_data = dataclasses.replace(d, **{key: value for key, value in saved_data.items() if key in fields})
+    then, wanted = features_of(then_data), features_of(d)
+    differ = [f"data.{'fmax' if key == 'mel_fmax' else key}: {then[key]!r} then, {value!r} now"
+              for key, value in wanted.items() if then[key] != value]
+    if differ:
+        raise ValueError(
+            f"{workdir} was trained on log-mels of other settings than this run's ({'; '.join(differ)}), which its "
+            f"weights would go on learning from as if they were the same. {WAYS_OUT.format(run=workdir)}"
         )
 
 
