@@ -263,6 +263,38 @@ def test_a_loss_scaled_optimizer_is_checkpointed_whole(setup, tmp_path):
             np.testing.assert_array_equal(a.numpy(), b.numpy(), err_msg=a.path)
 
 
+
+def test_a_run_resumes_in_fp16_from_fp32_and_back(setup, tmp_path):
+    """--precision fp16 on a run trained in fp32 (or bf16) was refused as "another model size, or
+    written by an older MyXTTS": the checkpoint has no loss scale. It starts at its initial value."""
+    from myxtts.training.checkpoints import Checkpoints
+    from myxtts.training.optimizers import build_optimizer
+
+    config, vocabulary, batch = setup
+    plain = _model(vocabulary, config, build_optimizer(config.training, 1), seed=0)
+    plain(batch)
+    variables = plain.network.trainable_variables
+    plain.optimizer.apply([tf.fill(v.shape, 0.01) for v in variables], variables)  # moments to restore
+    Checkpoints(tmp_path / "fp32", plain.network, plain.optimizer, "adamw", "").save("latest", 3)
+    scaled = _model(vocabulary, config, keras.optimizers.LossScaleOptimizer(build_optimizer(config.training, 1)), seed=1)
+    scaled(batch)
+    scaled.optimizer.build(scaled.network.trainable_variables)
+    restored = Checkpoints(tmp_path / "fp32", scaled.network, scaled.optimizer, "adamw", "").restore()
+    assert restored.step == 3 and restored.optimizer_restored and "loss scaling" in restored.message
+    assert int(scaled.optimizer.iterations) == 3 and float(scaled.optimizer.dynamic_scale.numpy()) == 2.0**15
+    for a, b in zip(plain.network.weights + plain.optimizer.variables,
+                    scaled.network.weights + scaled.optimizer.inner_optimizer.variables):
+        if a.path.split("/")[-1] != "iteration":  # set from the update count (see above)
+            np.testing.assert_array_equal(a.numpy(), b.numpy(), err_msg=a.path)
+    # And an fp16 checkpoint resumed in fp32: its loss scale is left out.
+    Checkpoints(tmp_path / "fp16", scaled.network, scaled.optimizer, "adamw", "").save("latest", 4)
+    again = _model(vocabulary, config, build_optimizer(config.training, 1), seed=2)
+    again(batch)
+    again.optimizer.build(again.network.trainable_variables)
+    assert Checkpoints(tmp_path / "fp16", again.network, again.optimizer, "adamw", "").restore().step == 4
+    for a, b in zip(scaled.network.weights, again.network.weights):
+        np.testing.assert_array_equal(a.numpy(), b.numpy(), err_msg=a.path)
+
 def test_raw_rows_are_phonemized_once_and_a_run_keeps_its_text_frontend(tmp_path, monkeypatch):
     from myxtts.data import phonemes
 
