@@ -12,7 +12,10 @@ Written with `tf.train.CheckpointManager`, which writes the data files first and
 replaces the small state file that points at them, so a kill -9 mid-save leaves the previous
 checkpoint as the one that loads. Each checkpoint has a `ckpt-<step>.meta.json` beside it, written
 *before* the checkpoint itself, holding the step (optimizer updates: the run's clock, which a resume
-keeps whatever its gradient accumulation), the optimizer type and the full config.
+keeps whatever its gradient accumulation), the optimizer type and the full config, and
+`earlier_updates`: the updates the folder's checkpoints made under another optimizer before this
+one's step began at 0 (a checkpoint of another optimizer loads its weights only), so that the newest
+checkpoint is the one with the most updates in all, not the highest step (`checkpoint_fallback`).
 """
 
 from __future__ import annotations
@@ -67,6 +70,7 @@ class Checkpoints:
         self._full = tf.train.Checkpoint(network=network_variables(network),
                                          optimizer=tf.train.Checkpoint(**_optimizer_names(optimizer, network)))
         self._managers = {}  # made when first needed: a damaged state file must not stop the restore (checkpoint_fallback)
+        self.earlier_updates = 0  # updates of the folder's checkpoints under another optimizer (see the docstring)
 
     def _manager(self, kind: str) -> tf.train.CheckpointManager:
         if kind not in self._managers:
@@ -84,7 +88,8 @@ class Checkpoints:
         # restore goes by `step`, the updates, whatever accumulation resumes it (see `restore`).
         meta = {"step": step, "optimizer": self.optimizer_type, "config": self.config_yaml,
                 "gradient_accumulation_steps": accumulation_of(self.optimizer),
-                "micro_batches": compat.micro_batches_done(_inner(self.optimizer)), **extra}
+                "micro_batches": compat.micro_batches_done(_inner(self.optimizer)),
+                "earlier_updates": self.earlier_updates, **extra}
         meta_path = Path(manager.directory) / f"ckpt-{step}.meta.json"
         try:
             meta_path.parent.mkdir(parents=True, exist_ok=True)
@@ -141,6 +146,7 @@ class Checkpoints:
                 accumulator.assign(tf.zeros_like(accumulator))
             accumulation = accumulation_of(self.optimizer)
             compat.set_micro_batches_done(_inner(self.optimizer), meta["step"] * accumulation)
+            self.earlier_updates = earlier_updates(meta)
             message = f"resumed from {path} at step {meta['step']}"
             before = meta.get("gradient_accumulation_steps")
             if before is not None and before != accumulation:
@@ -150,6 +156,9 @@ class Checkpoints:
                 message += " (written without fp16's loss scaling: its scale starts at its initial value)"
             return Restored(path, meta["step"], True, message)
         restore_network(self.network, path)
+        # This run's steps count from 0 again: its checkpoints must still rank above the ones it
+        # started from, or the next start took those back (and lost every update made since).
+        self.earlier_updates = earlier_updates(meta) + meta["step"]
         return Restored(
             path,
             meta["step"],
@@ -308,6 +317,12 @@ def _unescape(local_name: str) -> str:
             name.append(local_name[i])
             i += 1
     return "".join(name)
+
+
+def earlier_updates(meta: dict) -> int:
+    """The updates made under other optimizers before the step count of `meta`'s checkpoint began."""
+    value = meta.get("earlier_updates", 0)  # older checkpoints have no key: none
+    return value if isinstance(value, int) else 0
 
 
 def read_meta(checkpoint_path: str) -> dict:
