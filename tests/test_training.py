@@ -342,6 +342,21 @@ def test_a_resumed_run_keeps_its_log_mel_settings(tmp_path, change):
     config_lib.save_config(load_config(overrides=["data.fmax=11025.0"]), tmp_path / "config.yaml")
     prepare_text(nyquist, tmp_path, rows[:1], rows[1:], keep_vocabulary=True)
 
+
+def test_fine_tuning_starts_only_from_a_run_of_the_same_log_mel_settings():
+    # Only another n_mels changes a weight's shape: a source of another sample rate, hop or mel
+    # scale was fine-tuned on spectrograms of other settings without a word.
+    from myxtts.data.text import Vocabulary
+    from myxtts.training.init_from import InitSource, check_same_inputs
+
+    source = InitSource("runs/base/checkpoints/best_mel/ckpt-4", Vocabulary(["a"]), config_lib.to_dict(load_config()))
+    check_same_inputs(source, load_config())
+    nyquist = InitSource(source.checkpoint, source.vocabulary, config_lib.to_dict(load_config(overrides=["data.fmax=11025.0"])))
+    check_same_inputs(nyquist, load_config(overrides=["data.fmax=0"]))  # 0 is the Nyquist frequency: the same bands
+    with pytest.raises(ValueError, match=r"training.init_from: .*data.sample_rate: 22050 then, 16000 now; "
+                                         r"data.hop_length: 256 then, 200 now.*config.yaml"):
+        check_same_inputs(source, load_config(overrides=["data.sample_rate=16000", "data.hop_length=200"]))
+
 @pytest.mark.slow
 def test_end_to_end_resume_and_no_recompilation(demo_corpus, trained_run, trained_result, tmp_path):
     # One test, because every train() call pays for tracing the step: keep their number small.

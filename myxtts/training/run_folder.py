@@ -15,7 +15,6 @@ or puts it back if the new run never gets that far (`undo_reset`); nothing here 
 
 from __future__ import annotations
 
-import dataclasses
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,11 +25,10 @@ from myxtts import config as config_lib
 from myxtts.config import Config
 from myxtts.data.phonemes import model_texts, needs_phonemes, phonemize_utterances, read_phonemes_cache, save_phonemes_cache
 from myxtts.data.text import Vocabulary
-from myxtts.models.vocoder import features_of
 from myxtts.training.callbacks import console_echo
 from myxtts.training.checkpoint_fallback import candidates
 from myxtts.training.checkpoints import CheckpointError, read_meta
-from myxtts.training.init_from import extended_vocabulary
+from myxtts.training.init_from import extended_vocabulary, feature_differences
 
 VOCABULARY_FILE, PHONEMES_CACHE = "vocab.txt", "phonemes.json"
 
@@ -187,13 +185,7 @@ def _check_same_inputs(workdir: Path, d) -> None:
             f"vocab.txt holds those tokens; this run asks for {now[0]}, {now[1]}: pass --reset-training "
             "(starts over), another --output-dir, or the run's own settings"
         )
-    # The saved keys over this run's data settings, so that fmax: 0 and the Nyquist it means compare equal.
-    fields = {field.name for field in dataclasses.fields(d)}
-    then_data = dataclasses.replace(d, **{key: value for key, value in saved_data.items() if key in fields})
-    then, wanted = features_of(then_data), features_of(d)
-    differ = [f"data.{'fmax' if key == 'mel_fmax' else key}: {then[key]!r} then, {value!r} now"
-              for key, value in wanted.items() if then[key] != value]
-    if differ:
+    if differ := feature_differences(saved_data, d):
         raise ValueError(
             f"{workdir} was trained on log-mels of other settings than this run's ({'; '.join(differ)}), which its "
             f"weights would go on learning from as if they were the same. {WAYS_OUT.format(run=workdir)}"

@@ -49,7 +49,7 @@ from myxtts.startup_noise import start_tensorflow
 from myxtts.training import batch_probe, distribute, precision_probe, xla_cache
 from myxtts.training.callbacks import console_echo
 from myxtts.training.checkpoints import CheckpointError
-from myxtts.training.init_from import InitSource, check_same_text, load_source
+from myxtts.training.init_from import InitSource, check_same_inputs, load_source
 from myxtts.training.run_folder import RunText, has_checkpoint, prepare_text
 
 
@@ -221,7 +221,7 @@ def starting_point(config: Config, workdir: Path | None, resume: str = "auto") -
     source = None
     if config.training.init_from and not resuming:
         source = load_source(config.training.init_from)
-        check_same_text(source, config)
+        check_same_inputs(source, config)
     return resuming, source
 
 
