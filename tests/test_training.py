@@ -716,6 +716,24 @@ def test_a_reset_whose_new_run_cannot_start_leaves_the_old_run_as_it_was(demo_co
     assert any("are back in" in m for m in messages), messages
 
 
+
+@pytest.mark.parametrize("inside", ["", "checkpoints/latest/ckpt-4"])
+def test_a_reset_that_would_fine_tune_from_its_own_folder_is_named_before_anything_moves(demo_corpus, tmp_path, inside):
+    # --reset-training --init-from <the same run>: the reset set the checkpoints aside first, and the
+    # run stopped saying there was no checkpoint at a folder that has one.
+    run = tmp_path / "run"
+    (run / "checkpoints" / "latest").mkdir(parents=True)
+    (run / "checkpoints" / "latest" / "ckpt-4.index").write_bytes(b"")
+    (run / "vocab.txt").write_text("a\n", encoding="utf-8")
+    before = _snapshot(run)
+    source = run / inside if inside else run
+    with pytest.raises(ValueError, match=rf"training.init_from \({re.escape(str(source))}\) names a checkpoint of "
+                                         r".*--output-dir NEW.*Nothing .* was moved or deleted"):
+        train(_config(demo_corpus, f"training.init_from={source}"), run, resume="reset", echo=lambda m: None)
+    after = _snapshot(run)
+    after.pop("train.lock", None)  # the lock the start took
+    assert after == before
+
 def test_fine_tuning_keeps_the_rows_of_shared_tokens_and_starts_new_ones_fresh(tiny_run, setup):
     from myxtts.data.text import Vocabulary
     from myxtts.training.checkpoints import CheckpointMismatch, named_weights, stored_weights

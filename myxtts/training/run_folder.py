@@ -58,6 +58,21 @@ def reset_run(workdir: Path, echo=console_echo) -> None:
             echo(f"--reset-training: {path} set aside until the new run starts (in {aside})")
 
 
+def check_reset_source(config: Config, workdir: Path) -> None:
+    """--reset-training with training.init_from naming this run folder (or a checkpoint in it): the
+    reset sets its checkpoints aside before the source is read, which then stopped the run saying
+    there was no checkpoint there. Said before anything is moved."""
+    source = config.training.init_from
+    if not source:
+        return
+    source_path, run = Path(source).resolve(), workdir.resolve()
+    if source_path == run or run in source_path.parents:
+        raise ValueError(
+            f"training.init_from ({source}) names a checkpoint of {workdir}, which --reset-training deletes: fine-tune "
+            f"from it in another folder (--init-from {source} --output-dir NEW), or leave out --reset-training to "
+            f"resume it. Nothing in {workdir} was moved or deleted")
+
+
 def finish_reset(workdir: Path, echo=console_echo) -> None:
     """The new run is about to write: what `reset_run` set aside goes for good."""
     aside = workdir / RESET_ASIDE
