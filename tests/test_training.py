@@ -337,6 +337,14 @@ def test_a_resumed_run_keeps_its_log_mel_settings(tmp_path, change):
     with pytest.raises(ValueError, match=rf"{re.escape(key)}: .* then, .* now.*--reset-training"):
         prepare_text(load_config(overrides=[change]), tmp_path, rows[:1], rows[1:], keep_vocabulary=True)
     assert sorted(p.name for p in tmp_path.iterdir()) == before
+    # Said before the hardware probes (up to a minute), which training runs after starting_point.
+    from myxtts.training.run_setup import starting_point
+
+    (tmp_path / "checkpoints" / "latest").mkdir(parents=True)
+    (tmp_path / "checkpoints" / "latest" / "ckpt-4.index").write_bytes(b"")
+    with pytest.raises(ValueError, match=rf"{re.escape(key)}: .* then, .* now"):
+        starting_point(load_config(overrides=[change]), tmp_path)
+    assert starting_point(config, tmp_path) == (True, None)
     # fmax 0 is the Nyquist frequency: the same filterbank as the 11025 Hz it means at 22050 Hz.
     nyquist = load_config(overrides=["data.fmax=0"])
     config_lib.save_config(load_config(overrides=["data.fmax=11025.0"]), tmp_path / "config.yaml")

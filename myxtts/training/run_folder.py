@@ -154,7 +154,7 @@ def prepare_text(config: Config, workdir: Path | None, train_rows, val_rows, *, 
             vocabulary = read_vocabulary(workdir)
         except CheckpointError as error:
             raise CheckpointError(f"{error} {WAYS_OUT.format(run=workdir)}") from None
-        _check_same_inputs(workdir, d)
+        check_resumed_inputs(workdir, d)
         unknown = sorted(set(from_data.symbols) - set(vocabulary.symbols))
         if unknown:
             raise ValueError(
@@ -182,7 +182,7 @@ WAYS_OUT = ("Nothing in it was written or deleted. Either run with that run's ow
              "these weights), or pass --reset-training to delete its checkpoints and start over in {run}")
 
 
-def _check_same_inputs(workdir: Path, d) -> None:
+def check_resumed_inputs(workdir: Path, d) -> None:
     """A run's vocab.txt holds the tokens of the front end it started with, and its checkpoints learnt
     log-mels of its feature settings; a resumed run that read text another way would look every token
     up wrong, and one with another sample rate, hop or mel scale (same weight shapes) trained on
