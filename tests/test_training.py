@@ -1,6 +1,7 @@
 """The training loop on the tiny model: accumulation, faults, precision, compilation, checkpoints."""
 
 import dataclasses
+import json
 import math
 import re
 import types
@@ -10,6 +11,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+import yaml
 
 from myxtts import config as config_lib
 from myxtts.config import load_config
@@ -345,6 +347,14 @@ def test_a_resumed_run_keeps_its_log_mel_settings(tmp_path, change):
     with pytest.raises(ValueError, match=rf"{re.escape(key)}: .* then, .* now"):
         starting_point(load_config(overrides=[change]), tmp_path)
     assert starting_point(config, tmp_path) == (True, None)
+    # The run's config.yaml edited to the new settings and passed back as --config (the run's own
+    # settings): the checkpoint's meta file still says what it was trained on.
+    meta = {"step": 4, "optimizer": "adamw", "config": yaml.safe_dump(config_lib.to_dict(config))}
+    (tmp_path / "checkpoints" / "latest" / "ckpt-4.meta.json").write_text(json.dumps(meta), encoding="utf-8")
+    config_lib.save_config(load_config(overrides=[change]), tmp_path / "config.yaml")
+    with pytest.raises(ValueError, match=rf"{re.escape(key)}: .* then, .* now"):
+        starting_point(load_config(overrides=[change]), tmp_path)
+    (tmp_path / "checkpoints" / "latest" / "ckpt-4.meta.json").unlink()
     # fmax 0 is the Nyquist frequency: the same filterbank as the 11025 Hz it means at 22050 Hz.
     nyquist = load_config(overrides=["data.fmax=0"])
     config_lib.save_config(load_config(overrides=["data.fmax=11025.0"]), tmp_path / "config.yaml")

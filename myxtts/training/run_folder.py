@@ -187,11 +187,10 @@ def check_resumed_inputs(workdir: Path, d) -> None:
     log-mels of its feature settings; a resumed run that read text another way would look every token
     up wrong, and one with another sample rate, hop or mel scale (same weight shapes) trained on
     spectrograms its weights never saw, both without any error."""
-    saved_path = workdir / "config.yaml"
-    if not saved_path.exists():
+    saved = trained_config(workdir)
+    if saved is None:
         return
-    saved = yaml.safe_load(saved_path.read_text(encoding="utf-8"))
-    saved_data = saved.get("data") if isinstance(saved, dict) and isinstance(saved.get("data"), dict) else {}
+    saved_data = saved.get("data") if isinstance(saved.get("data"), dict) else {}
     before = (config_lib.saved_text_frontend(saved), saved_data.get("language", d.language))
     now = (d.text_frontend, d.language)
     if before[0] != now[0] or (now[0] == "phonemes" and before[1] != now[1]):
@@ -205,6 +204,22 @@ def check_resumed_inputs(workdir: Path, d) -> None:
             f"{workdir} was trained on log-mels of other settings than this run's ({'; '.join(differ)}), which its "
             f"weights would go on learning from as if they were the same. {WAYS_OUT.format(run=workdir)}"
         )
+
+
+def trained_config(workdir: Path) -> dict | None:
+    """The settings the run's newest checkpoint was trained with (its meta file), else its config.yaml,
+    else None. The checkpoint's first: config.yaml is the file a user edits and passes back as --config
+    (the run's own settings), so an edited one would agree with any change made in it."""
+    for candidate in candidates(workdir / "checkpoints"):
+        try:
+            saved = yaml.safe_load(read_meta(candidate.path).get("config") or "")
+        except (CheckpointError, ValueError, AttributeError, yaml.YAMLError):  # damaged: the restore says so
+            continue
+        if isinstance(saved, dict):
+            return saved
+    path = workdir / "config.yaml"
+    saved = yaml.safe_load(path.read_text(encoding="utf-8")) if path.exists() else None
+    return saved if isinstance(saved, dict) else None
 
 
 def settings_changed(path: str, config: Config) -> str:
