@@ -7,10 +7,12 @@
     <run>/phonemes.json  transcripts phonemized before (saves espeak-ng the work on a resume)
     <run>/config.yaml    the resolved config of the last start
 
-A run resumes with its own vocabulary and log-mel settings, or stops (`prepare_text`); `--reset-training` sets aside what
-ties the folder to the old run (`reset_run`) and deletes it once the new run writes (`finish_reset`),
-or puts it back if the new run never gets that far (`undo_reset`); nothing here writes until
-`RunText.save`, which the trainer calls only once the folder's checkpoint, if any, has been restored.
+A run resumes with its own vocabulary and the text front end and log-mel settings its checkpoints
+were trained with, or stops (`prepare_text`, `check_resumed_inputs`); `--reset-training` sets aside
+what ties the folder to the old run (`reset_run`) and deletes it once the new run writes
+(`finish_reset`), or puts it back if the new run never gets that far (`undo_reset`); nothing here
+writes until `RunText.save`, which the trainer calls only once the folder's checkpoint, if any, has
+been restored.
 """
 
 from __future__ import annotations
