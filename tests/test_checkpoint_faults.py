@@ -5,6 +5,7 @@ The unit tests build the tiny model once per module and save and restore it dire
 one end-to-end test per fault resumes a copy of the session's trained run (6 updates, accumulation 1).
 """
 
+import dataclasses
 import errno
 import os
 import shutil
@@ -276,6 +277,48 @@ def test_nothing_is_moved_when_no_checkpoint_is_intact_or_an_intact_one_does_not
         restore_newest(_checkpoints(tmp_path, two_models[1]))
     assert sorted(str(p) for p in tmp_path.rglob("*")) == before
 
+
+
+def test_a_run_switched_to_another_optimizer_resumes_its_own_checkpoints(setup, two_models, tmp_path):
+    """A checkpoint of another optimizer loads its weights only and the step restarts at 0; the next
+    start took the old optimizer's checkpoints (higher steps) back, losing every update since, and
+    restarted at 0 again, at every re-run of the same command."""
+    from myxtts.training.checkpoint_fallback import restore_newest
+
+    _three_checkpoints(two_models, tmp_path)  # adamw: latest at 2 and 4, best_mel at 3
+    config, vocabulary = setup
+    prodigy_config = dataclasses.replace(config.training, optimizer="prodigy", learning_rate=1.0)
+
+    def prodigy(seed):
+        keras.utils.set_random_seed(seed)
+        model = TrainingModel(network_for(config, len(vocabulary)))
+        model.compile(optimizer=build_optimizer(prodigy_config, 1), jit_compile=False)
+        model.network.build()
+        model.optimizer.build(model.network.trainable_variables)
+        return model
+
+    switched = prodigy(2)
+    checkpoints = Checkpoints(tmp_path, switched.network, switched.optimizer, "prodigy", "")
+    first = restore_newest(checkpoints).restored
+    assert (first.step, first.optimizer_restored) == (4, False) and int(switched.optimizer.iterations) == 0
+    _apply_gradients(switched)
+    _apply_gradients(switched)
+    saved = checkpoints.save("latest", 2)  # the new optimizer's step 2: 6 updates in all
+    assert read_meta(saved)["earlier_updates"] == 4
+
+    resumed = prodigy(3)
+    again = Checkpoints(tmp_path, resumed.network, resumed.optimizer, "prodigy", "")
+    restored = restore_newest(again).restored
+    assert (restored.path, restored.step, restored.optimizer_restored) == (saved, 2, True)
+    assert int(resumed.optimizer.iterations) == 2
+    for a, b in zip(switched.network.weights + switched.optimizer.variables, resumed.network.weights + resumed.optimizer.variables):
+        np.testing.assert_array_equal(a.numpy(), b.numpy(), err_msg=a.path)
+    assert read_meta(again.save("latest", 3))["earlier_updates"] == 4  # and its next checkpoints rank above the old ones too
+
+    # Switched back: the newest is prodigy's, whose weights AdamW starts from, after 7 updates in all.
+    back = _model(setup, 1, seed=4)
+    restored = restore_newest(_checkpoints(tmp_path, back)).restored
+    assert (restored.step, restored.optimizer_restored) == (3, False) and "prodigy" in restored.message
 
 def test_a_run_whose_newest_checkpoint_is_truncated_resumes_from_the_newest_that_loads(demo_corpus, trained_run, tmp_path):
     """The session's trained run (latest at 3 and 6, best_mel and best_wer) with ckpt-6's data cut in

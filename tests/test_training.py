@@ -1,6 +1,7 @@
 """The training loop on the tiny model: accumulation, faults, precision, compilation, checkpoints."""
 
 import dataclasses
+import json
 import math
 import re
 import types
@@ -10,6 +11,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+import yaml
 
 from myxtts import config as config_lib
 from myxtts.config import load_config
@@ -263,6 +265,38 @@ def test_a_loss_scaled_optimizer_is_checkpointed_whole(setup, tmp_path):
             np.testing.assert_array_equal(a.numpy(), b.numpy(), err_msg=a.path)
 
 
+
+def test_a_run_resumes_in_fp16_from_fp32_and_back(setup, tmp_path):
+    """--precision fp16 on a run trained in fp32 (or bf16) was refused as "another model size, or
+    written by an older MyXTTS": the checkpoint has no loss scale. It starts at its initial value."""
+    from myxtts.training.checkpoints import Checkpoints
+    from myxtts.training.optimizers import build_optimizer
+
+    config, vocabulary, batch = setup
+    plain = _model(vocabulary, config, build_optimizer(config.training, 1), seed=0)
+    plain(batch)
+    variables = plain.network.trainable_variables
+    plain.optimizer.apply([tf.fill(v.shape, 0.01) for v in variables], variables)  # moments to restore
+    Checkpoints(tmp_path / "fp32", plain.network, plain.optimizer, "adamw", "").save("latest", 3)
+    scaled = _model(vocabulary, config, keras.optimizers.LossScaleOptimizer(build_optimizer(config.training, 1)), seed=1)
+    scaled(batch)
+    scaled.optimizer.build(scaled.network.trainable_variables)
+    restored = Checkpoints(tmp_path / "fp32", scaled.network, scaled.optimizer, "adamw", "").restore()
+    assert restored.step == 3 and restored.optimizer_restored and "loss scaling" in restored.message
+    assert int(scaled.optimizer.iterations) == 3 and float(scaled.optimizer.dynamic_scale.numpy()) == 2.0**15
+    for a, b in zip(plain.network.weights + plain.optimizer.variables,
+                    scaled.network.weights + scaled.optimizer.inner_optimizer.variables):
+        if a.path.split("/")[-1] != "iteration":  # set from the update count (see above)
+            np.testing.assert_array_equal(a.numpy(), b.numpy(), err_msg=a.path)
+    # And an fp16 checkpoint resumed in fp32: its loss scale is left out.
+    Checkpoints(tmp_path / "fp16", scaled.network, scaled.optimizer, "adamw", "").save("latest", 4)
+    again = _model(vocabulary, config, build_optimizer(config.training, 1), seed=2)
+    again(batch)
+    again.optimizer.build(again.network.trainable_variables)
+    assert Checkpoints(tmp_path / "fp16", again.network, again.optimizer, "adamw", "").restore().step == 4
+    for a, b in zip(scaled.network.weights, again.network.weights):
+        np.testing.assert_array_equal(a.numpy(), b.numpy(), err_msg=a.path)
+
 def test_raw_rows_are_phonemized_once_and_a_run_keeps_its_text_frontend(tmp_path, monkeypatch):
     from myxtts.data import phonemes
 
@@ -288,6 +322,58 @@ def test_raw_rows_are_phonemized_once_and_a_run_keeps_its_text_frontend(tmp_path
     rebuilt = prepare_text(characters, tmp_path, rows[:2], rows[2:]).vocabulary
     assert "h" in rebuilt.symbols and "ˈ" not in rebuilt.symbols
 
+
+
+@pytest.mark.parametrize("change", ["data.sample_rate=16000", "data.hop_length=200", "data.fmax=7000.0",
+                                    "data.mel_scale=htk"])
+def test_a_resumed_run_keeps_its_log_mel_settings(tmp_path, change):
+    # Another sample rate, hop or mel scale leaves every weight's shape as it was: the run resumed
+    # without a word and trained its weights on spectrograms of other settings.
+    rows = [Utterance(f"/a/{i}.wav", text, "s", phonemes=p, language="en-us") for i, (text, p) in
+            enumerate([("Hello.", "h|ə|l|ˈoʊ|."), ("Fine.", "f|ˈaɪ|n|.")])]
+    config = load_config()
+    prepare_text(config, tmp_path, rows[:1], rows[1:]).save(tmp_path)
+    config_lib.save_config(config, tmp_path / "config.yaml")  # as train() does
+    before = sorted(p.name for p in tmp_path.iterdir())
+    key = change.split("=")[0]
+    with pytest.raises(ValueError, match=rf"{re.escape(key)}: .* then, .* now.*--reset-training"):
+        prepare_text(load_config(overrides=[change]), tmp_path, rows[:1], rows[1:], keep_vocabulary=True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
+    # Said before the hardware probes (up to a minute), which training runs after starting_point.
+    from myxtts.training.run_setup import starting_point
+
+    (tmp_path / "checkpoints" / "latest").mkdir(parents=True)
+    (tmp_path / "checkpoints" / "latest" / "ckpt-4.index").write_bytes(b"")
+    with pytest.raises(ValueError, match=rf"{re.escape(key)}: .* then, .* now"):
+        starting_point(load_config(overrides=[change]), tmp_path)
+    assert starting_point(config, tmp_path) == (True, None)
+    # The run's config.yaml edited to the new settings and passed back as --config (the run's own
+    # settings): the checkpoint's meta file still says what it was trained on.
+    meta = {"step": 4, "optimizer": "adamw", "config": yaml.safe_dump(config_lib.to_dict(config))}
+    (tmp_path / "checkpoints" / "latest" / "ckpt-4.meta.json").write_text(json.dumps(meta), encoding="utf-8")
+    config_lib.save_config(load_config(overrides=[change]), tmp_path / "config.yaml")
+    with pytest.raises(ValueError, match=rf"{re.escape(key)}: .* then, .* now"):
+        starting_point(load_config(overrides=[change]), tmp_path)
+    (tmp_path / "checkpoints" / "latest" / "ckpt-4.meta.json").unlink()
+    # fmax 0 is the Nyquist frequency: the same filterbank as the 11025 Hz it means at 22050 Hz.
+    nyquist = load_config(overrides=["data.fmax=0"])
+    config_lib.save_config(load_config(overrides=["data.fmax=11025.0"]), tmp_path / "config.yaml")
+    prepare_text(nyquist, tmp_path, rows[:1], rows[1:], keep_vocabulary=True)
+
+
+def test_fine_tuning_starts_only_from_a_run_of_the_same_log_mel_settings():
+    # Only another n_mels changes a weight's shape: a source of another sample rate, hop or mel
+    # scale was fine-tuned on spectrograms of other settings without a word.
+    from myxtts.data.text import Vocabulary
+    from myxtts.training.init_from import InitSource, check_same_inputs
+
+    source = InitSource("runs/base/checkpoints/best_mel/ckpt-4", Vocabulary(["a"]), config_lib.to_dict(load_config()))
+    check_same_inputs(source, load_config())
+    nyquist = InitSource(source.checkpoint, source.vocabulary, config_lib.to_dict(load_config(overrides=["data.fmax=11025.0"])))
+    check_same_inputs(nyquist, load_config(overrides=["data.fmax=0"]))  # 0 is the Nyquist frequency: the same bands
+    with pytest.raises(ValueError, match=r"training.init_from: .*data.sample_rate: 22050 then, 16000 now; "
+                                         r"data.hop_length: 256 then, 200 now.*config.yaml"):
+        check_same_inputs(source, load_config(overrides=["data.sample_rate=16000", "data.hop_length=200"]))
 
 @pytest.mark.slow
 def test_end_to_end_resume_and_no_recompilation(demo_corpus, trained_run, trained_result, tmp_path):
@@ -647,6 +733,24 @@ def test_a_reset_whose_new_run_cannot_start_leaves_the_old_run_as_it_was(demo_co
     assert resumed.step == 6 and not (run / RESET_ASIDE).exists()
     assert any("are back in" in m for m in messages), messages
 
+
+
+@pytest.mark.parametrize("inside", ["", "checkpoints/latest/ckpt-4"])
+def test_a_reset_that_would_fine_tune_from_its_own_folder_is_named_before_anything_moves(demo_corpus, tmp_path, inside):
+    # --reset-training --init-from <the same run>: the reset set the checkpoints aside first, and the
+    # run stopped saying there was no checkpoint at a folder that has one.
+    run = tmp_path / "run"
+    (run / "checkpoints" / "latest").mkdir(parents=True)
+    (run / "checkpoints" / "latest" / "ckpt-4.index").write_bytes(b"")
+    (run / "vocab.txt").write_text("a\n", encoding="utf-8")
+    before = _snapshot(run)
+    source = run / inside if inside else run
+    with pytest.raises(ValueError, match=rf"training.init_from \({re.escape(str(source))}\) names a checkpoint of "
+                                         r".*--output-dir NEW.*Nothing .* was moved or deleted"):
+        train(_config(demo_corpus, f"training.init_from={source}"), run, resume="reset", echo=lambda m: None)
+    after = _snapshot(run)
+    after.pop("train.lock", None)  # the lock the start took
+    assert after == before
 
 def test_fine_tuning_keeps_the_rows_of_shared_tokens_and_starts_new_ones_fresh(tiny_run, setup):
     from myxtts.data.text import Vocabulary

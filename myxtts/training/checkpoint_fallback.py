@@ -5,8 +5,9 @@ missing `.index`, an empty `.meta.json`, an empty `checkpoint` state file. Stopp
 traceback, or a line naming no file) leaves `--reset-training` as the only way out, which deletes
 the intact older `latest` and `best_*` checkpoints too. Instead:
 
-    candidates(root)   every checkpoint of the run's checkpoints/, newest first: each kind's state
-                       file's list, or the ckpt-N files found where the state file is unreadable
+    candidates(root)   every checkpoint of the run's checkpoints/, newest first (the most updates,
+                       counting those before an optimizer switch): each kind's state file's list,
+                       or the ckpt-N files found where the state file is unreadable
     damage(path)       why a checkpoint cannot be read (its meta file, its index, every tensor of its
                        data read back, checksums included), or None
     restore_newest     restores the newest intact one; the damaged newer ones are then moved to
@@ -28,7 +29,7 @@ from pathlib import Path
 
 import tensorflow as tf
 
-from myxtts.training.checkpoints import KINDS, CheckpointError, Checkpoints, Restored, error_line
+from myxtts.training.checkpoints import KINDS, CheckpointError, Checkpoints, Restored, earlier_updates, error_line
 
 STATE_FILE = "checkpoint"  # TensorFlow's name for the file listing a folder's checkpoints
 DAMAGED = "damaged"
@@ -56,6 +57,16 @@ class Candidate:
     def path(self) -> str:
         return str(self.folder / f"ckpt-{self.step}")
 
+    @property
+    def updates(self) -> int:
+        """All the updates behind it: its step, and those before an optimizer switch restarted the step
+        at 0 (from its meta file; 0 where that cannot be read, which `damage` reports)."""
+        try:
+            meta = json.loads(Path(f"{self.path}.meta.json").read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+            return self.step
+        return self.step + (earlier_updates(meta) if isinstance(meta, dict) else 0)
+
 
 @dataclass
 class Resume:
@@ -64,13 +75,14 @@ class Resume:
 
 
 def candidates(root: str | os.PathLike) -> list[Candidate]:
-    """The checkpoints under `root` (a run's checkpoints/), newest first; at one step, `latest` first."""
+    """The checkpoints under `root` (a run's checkpoints/), newest first (the most updates); at one
+    count, `latest` first."""
     found = []
     for kind in KINDS:
         folder = Path(root) / kind
         steps = _listed_steps(folder)
         found += [Candidate(kind, folder, step) for step in (steps if steps is not None else _steps_on_disk(folder))]
-    return sorted(found, key=lambda c: (-c.step, KINDS.index(c.kind)))
+    return sorted(found, key=lambda c: (-c.updates, KINDS.index(c.kind)))
 
 
 def state_problem(folder: Path) -> str | None:

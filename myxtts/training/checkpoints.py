@@ -12,7 +12,10 @@ Written with `tf.train.CheckpointManager`, which writes the data files first and
 replaces the small state file that points at them, so a kill -9 mid-save leaves the previous
 checkpoint as the one that loads. Each checkpoint has a `ckpt-<step>.meta.json` beside it, written
 *before* the checkpoint itself, holding the step (optimizer updates: the run's clock, which a resume
-keeps whatever its gradient accumulation), the optimizer type and the full config.
+keeps whatever its gradient accumulation), the optimizer type and the full config, and
+`earlier_updates`: the updates the folder's checkpoints made under another optimizer before this
+one's step began at 0 (a checkpoint of another optimizer loads its weights only), so that the newest
+checkpoint is the one with the most updates in all, not the highest step (`checkpoint_fallback`).
 """
 
 from __future__ import annotations
@@ -67,6 +70,7 @@ class Checkpoints:
         self._full = tf.train.Checkpoint(network=network_variables(network),
                                          optimizer=tf.train.Checkpoint(**_optimizer_names(optimizer, network)))
         self._managers = {}  # made when first needed: a damaged state file must not stop the restore (checkpoint_fallback)
+        self.earlier_updates = 0  # updates of the folder's checkpoints under another optimizer (see the docstring)
 
     def _manager(self, kind: str) -> tf.train.CheckpointManager:
         if kind not in self._managers:
@@ -84,7 +88,8 @@ class Checkpoints:
         # restore goes by `step`, the updates, whatever accumulation resumes it (see `restore`).
         meta = {"step": step, "optimizer": self.optimizer_type, "config": self.config_yaml,
                 "gradient_accumulation_steps": accumulation_of(self.optimizer),
-                "micro_batches": compat.micro_batches_done(_inner(self.optimizer)), **extra}
+                "micro_batches": compat.micro_batches_done(_inner(self.optimizer)),
+                "earlier_updates": self.earlier_updates, **extra}
         meta_path = Path(manager.directory) / f"ckpt-{step}.meta.json"
         try:
             meta_path.parent.mkdir(parents=True, exist_ok=True)
@@ -124,7 +129,9 @@ class Checkpoints:
         out-of-memory back-off (accumulation doubled) or a changed --grad-accum would rewind both
         and overwrite newer checkpoints. The count is set to step x accumulation instead.
         Gradient accumulators the checkpoint lacks start at zero, which is what they hold at the
-        update boundaries checkpoints are written at. `strict=False` accepts any other missing object.
+        update boundaries checkpoints are written at, and so does fp16's loss scale at its initial
+        value (a run resumed in fp16 from fp32 or bf16; it was refused as "another model size").
+        `strict=False` accepts any other missing object.
         """
         path = path or self.latest_path()
         if path is None:
@@ -132,20 +139,26 @@ class Checkpoints:
         meta = read_meta(path)
         check_network_fits(self.network, path)
         if meta["optimizer"] == self.optimizer_type:
-            target, absent_accumulators = self._restore_target(path)
+            target, absent_accumulators, absent_loss_scale = self._restore_target(path)
             _restore(target, path, strict, "does not match this run's network and optimizer (another model size, "
                      "or written by an older MyXTTS; --reset-training starts over)")
             for accumulator in absent_accumulators:
                 accumulator.assign(tf.zeros_like(accumulator))
             accumulation = accumulation_of(self.optimizer)
             compat.set_micro_batches_done(_inner(self.optimizer), meta["step"] * accumulation)
+            self.earlier_updates = earlier_updates(meta)
             message = f"resumed from {path} at step {meta['step']}"
             before = meta.get("gradient_accumulation_steps")
             if before is not None and before != accumulation:
                 message += (f" (written with gradient accumulation {before}, continuing with {accumulation}: the step "
                             "and the learning-rate schedule go on from there)")
+            if absent_loss_scale:
+                message += " (written without fp16's loss scaling: its scale starts at its initial value)"
             return Restored(path, meta["step"], True, message)
         restore_network(self.network, path)
+        # This run's steps count from 0 again: its checkpoints must still rank above the ones it
+        # started from, or the next start took those back (and lost every update made since).
+        self.earlier_updates = earlier_updates(meta) + meta["step"]
         return Restored(
             path,
             meta["step"],
@@ -154,18 +167,22 @@ class Checkpoints:
             f"loaded the weights only; the optimizer starts fresh (step count and schedule restart at 0)",
         )
 
-    def _restore_target(self, path: str) -> tuple[tf.train.Checkpoint, list]:
+    def _restore_target(self, path: str) -> tuple[tf.train.Checkpoint, list, list]:
         """What to restore from `path`: every variable, less the gradient accumulators it does not
-        hold (written without accumulation); and those accumulators."""
+        hold (written without accumulation) and the loss scale's (written in fp32 or bf16, resumed in
+        fp16: the scale starts as a new fp16 run's does, which the step's overflow check adjusts);
+        and those accumulators and loss-scale variables."""
         reader = tf.train.load_checkpoint(path)
         prefix, suffix = "optimizer/", "/.ATTRIBUTES/VARIABLE_VALUE"
         stored = {_unescape(key[len(prefix) : -len(suffix)]) for key in reader.get_variable_to_shape_map()
                   if key.startswith(prefix) and key.endswith(suffix)}
         named = _optimizer_names(self.optimizer, self.network)
-        absent = {name for name in named if name.endswith(ACCUMULATOR_SUFFIX) and name not in stored}
+        accumulators = {name for name in named if name.endswith(ACCUMULATOR_SUFFIX) and name not in stored}
+        loss_scale = {name for name in named if name.startswith(LOSS_SCALE_PREFIX) and name not in stored}
+        absent = accumulators | loss_scale
         target = tf.train.Checkpoint(network=network_variables(self.network),
                                      optimizer=tf.train.Checkpoint(**{n: v for n, v in named.items() if n not in absent}))
-        return target, [named[name] for name in sorted(absent)]
+        return target, [named[name] for name in sorted(accumulators)], [named[name] for name in sorted(loss_scale)]
 
     @staticmethod
     def _remove_orphan_metas(manager) -> None:
@@ -177,6 +194,8 @@ class Checkpoints:
 
 # Keras names a variable's gradient accumulator "<its path with _ for />_gradient_accumulator".
 ACCUMULATOR_SUFFIX = "_gradient_accumulator"
+# Where a LossScaleOptimizer's own variables are stored (`_optimizer_names`).
+LOSS_SCALE_PREFIX = "loss_scale/"
 
 
 def _inner(optimizer):
@@ -270,7 +289,7 @@ def _optimizer_names(optimizer, network) -> dict:
     if inner is not optimizer:
         inner_ids = {id(v) for v in inner.variables}
         own = [v for v in optimizer.variables if id(v) not in inner_ids]
-        named.update({f"loss_scale/{name}": v for name, v in _names(own, prefix, optimizer_variables=True).items()})
+        named.update({f"{LOSS_SCALE_PREFIX}{name}": v for name, v in _names(own, prefix, optimizer_variables=True).items()})
     return named
 
 
@@ -298,6 +317,12 @@ def _unescape(local_name: str) -> str:
             name.append(local_name[i])
             i += 1
     return "".join(name)
+
+
+def earlier_updates(meta: dict) -> int:
+    """The updates made under other optimizers before the step count of `meta`'s checkpoint began."""
+    value = meta.get("earlier_updates", 0)  # older checkpoints have no key: none
+    return value if isinstance(value, int) else 0
 
 
 def read_meta(checkpoint_path: str) -> dict:

@@ -20,6 +20,7 @@ old token keeps its id.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -29,6 +30,7 @@ import yaml
 
 from myxtts.config import Config, saved_text_frontend
 from myxtts.data.text import Vocabulary
+from myxtts.models.vocoder import features_of
 from myxtts.training.checkpoints import (CheckpointError, CheckpointMismatch, find_checkpoint, named_weights,
                                          read_meta, stored_weights)
 
@@ -57,9 +59,10 @@ def load_source(path: str | Path) -> InitSource:
     return InitSource(checkpoint, Vocabulary.load(vocab_path), saved if isinstance(saved, dict) else {})
 
 
-def check_same_text(source: InitSource, config: Config) -> None:
+def check_same_inputs(source: InitSource, config: Config) -> None:
     """A token's rows mean what the source's front end made of text; another front end would reuse
-    them for other sounds."""
+    them for other sounds. And its weights make log-mels of its settings: another sample rate, hop or
+    mel scale keeps every shape (only n_mels changes one), and fine-tuned from spectrograms it never saw."""
     saved_data = source.saved_config.get("data") if isinstance(source.saved_config.get("data"), dict) else {}
     before = (saved_text_frontend(source.saved_config), saved_data.get("language", config.data.language))
     now = (config.data.text_frontend, config.data.language)
@@ -67,6 +70,19 @@ def check_same_text(source: InitSource, config: Config) -> None:
         raise ValueError(f"training.init_from: {source.checkpoint} reads text as data.text_frontend={before[0]}, "
                          f"data.language={before[1]}; this run asks for {now[0]}, {now[1]}: set those keys as the "
                          "source run had them (its token rows mean its tokens)")
+    if differ := feature_differences(saved_data, config.data):
+        raise ValueError(f"training.init_from: {source.checkpoint} was trained on log-mels of other settings than this "
+                         f"run's ({'; '.join(differ)}): set those keys as the source run had them (its run's config.yaml)")
+
+
+def feature_differences(saved_data: dict, data_config) -> list[str]:
+    """"data.KEY: then, now" for each log-mel setting (`vocoder.features_of`) in which `data_config`
+    differs from a saved config's data section; a key the saved one lacks is taken as unchanged."""
+    # The saved keys over this run's data settings, so that fmax: 0 and the Nyquist it means compare equal.
+    fields = {item.name for item in dataclasses.fields(data_config)}
+    then = features_of(dataclasses.replace(data_config, **{k: v for k, v in saved_data.items() if k in fields}))
+    return [f"data.{'fmax' if key == 'mel_fmax' else key}: {then[key]!r} then, {value!r} now"
+            for key, value in features_of(data_config).items() if then[key] != value]
 
 
 def extended_vocabulary(source: Vocabulary, data: Vocabulary) -> Vocabulary:

@@ -7,10 +7,12 @@
     <run>/phonemes.json  transcripts phonemized before (saves espeak-ng the work on a resume)
     <run>/config.yaml    the resolved config of the last start
 
-A run resumes with its own vocabulary, or stops (`prepare_text`); `--reset-training` sets aside what
-ties the folder to the old run (`reset_run`) and deletes it once the new run writes (`finish_reset`),
-or puts it back if the new run never gets that far (`undo_reset`); nothing here writes until
-`RunText.save`, which the trainer calls only once the folder's checkpoint, if any, has been restored.
+A run resumes with its own vocabulary and the text front end and log-mel settings its checkpoints
+were trained with, or stops (`prepare_text`, `check_resumed_inputs`); `--reset-training` sets aside
+what ties the folder to the old run (`reset_run`) and deletes it once the new run writes
+(`finish_reset`), or puts it back if the new run never gets that far (`undo_reset`); nothing here
+writes until `RunText.save`, which the trainer calls only once the folder's checkpoint, if any, has
+been restored.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from myxtts.data.text import Vocabulary
 from myxtts.training.callbacks import console_echo
 from myxtts.training.checkpoint_fallback import candidates
 from myxtts.training.checkpoints import CheckpointError, read_meta
-from myxtts.training.init_from import extended_vocabulary
+from myxtts.training.init_from import extended_vocabulary, feature_differences
 
 VOCABULARY_FILE, PHONEMES_CACHE = "vocab.txt", "phonemes.json"
 
@@ -56,6 +58,21 @@ def reset_run(workdir: Path, echo=console_echo) -> None:
             _remove(aside / name)  # an older copy that could not go back (the folder had its own again)
             path.rename(aside / name)
             echo(f"--reset-training: {path} set aside until the new run starts (in {aside})")
+
+
+def check_reset_source(config: Config, workdir: Path) -> None:
+    """--reset-training with training.init_from naming this run folder (or a checkpoint in it): the
+    reset sets its checkpoints aside before the source is read, which then stopped the run saying
+    there was no checkpoint there. Said before anything is moved."""
+    source = config.training.init_from
+    if not source:
+        return
+    source_path, run = Path(source).resolve(), workdir.resolve()
+    if source_path == run or run in source_path.parents:
+        raise ValueError(
+            f"training.init_from ({source}) names a checkpoint of {workdir}, which --reset-training deletes: fine-tune "
+            f"from it in another folder (--init-from {source} --output-dir NEW), or leave out --reset-training to "
+            f"resume it. Nothing in {workdir} was moved or deleted")
 
 
 def finish_reset(workdir: Path, echo=console_echo) -> None:
@@ -139,7 +156,7 @@ def prepare_text(config: Config, workdir: Path | None, train_rows, val_rows, *, 
             vocabulary = read_vocabulary(workdir)
         except CheckpointError as error:
             raise CheckpointError(f"{error} {WAYS_OUT.format(run=workdir)}") from None
-        _check_same_text_frontend(workdir, d)
+        check_resumed_inputs(workdir, d)
         unknown = sorted(set(from_data.symbols) - set(vocabulary.symbols))
         if unknown:
             raise ValueError(
@@ -167,14 +184,15 @@ WAYS_OUT = ("Nothing in it was written or deleted. Either run with that run's ow
              "these weights), or pass --reset-training to delete its checkpoints and start over in {run}")
 
 
-def _check_same_text_frontend(workdir: Path, d) -> None:
-    """A run's vocab.txt holds the tokens of the front end it started with; a resumed run that read
-    text another way would look every token up wrong without any error."""
-    saved_path = workdir / "config.yaml"
-    if not saved_path.exists():
+def check_resumed_inputs(workdir: Path, d) -> None:
+    """A run's vocab.txt holds the tokens of the front end it started with, and its checkpoints learnt
+    log-mels of its feature settings; a resumed run that read text another way would look every token
+    up wrong, and one with another sample rate, hop or mel scale (same weight shapes) trained on
+    spectrograms its weights never saw, both without any error."""
+    saved = trained_config(workdir)
+    if saved is None:
         return
-    saved = yaml.safe_load(saved_path.read_text(encoding="utf-8"))
-    saved_data = saved.get("data") if isinstance(saved, dict) and isinstance(saved.get("data"), dict) else {}
+    saved_data = saved.get("data") if isinstance(saved.get("data"), dict) else {}
     before = (config_lib.saved_text_frontend(saved), saved_data.get("language", d.language))
     now = (d.text_frontend, d.language)
     if before[0] != now[0] or (now[0] == "phonemes" and before[1] != now[1]):
@@ -183,6 +201,27 @@ def _check_same_text_frontend(workdir: Path, d) -> None:
             f"vocab.txt holds those tokens; this run asks for {now[0]}, {now[1]}: pass --reset-training "
             "(starts over), another --output-dir, or the run's own settings"
         )
+    if differ := feature_differences(saved_data, d):
+        raise ValueError(
+            f"{workdir} was trained on log-mels of other settings than this run's ({'; '.join(differ)}), which its "
+            f"weights would go on learning from as if they were the same. {WAYS_OUT.format(run=workdir)}"
+        )
+
+
+def trained_config(workdir: Path) -> dict | None:
+    """The settings the run's newest checkpoint was trained with (its meta file), else its config.yaml,
+    else None. The checkpoint's first: config.yaml is the file a user edits and passes back as --config
+    (the run's own settings), so an edited one would agree with any change made in it."""
+    for candidate in candidates(workdir / "checkpoints"):
+        try:
+            saved = yaml.safe_load(read_meta(candidate.path).get("config") or "")
+        except (CheckpointError, ValueError, AttributeError, yaml.YAMLError):  # damaged: the restore says so
+            continue
+        if isinstance(saved, dict):
+            return saved
+    path = workdir / "config.yaml"
+    saved = yaml.safe_load(path.read_text(encoding="utf-8")) if path.exists() else None
+    return saved if isinstance(saved, dict) else None
 
 
 def settings_changed(path: str, config: Config) -> str:

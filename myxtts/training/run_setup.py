@@ -49,8 +49,8 @@ from myxtts.startup_noise import start_tensorflow
 from myxtts.training import batch_probe, distribute, precision_probe, xla_cache
 from myxtts.training.callbacks import console_echo
 from myxtts.training.checkpoints import CheckpointError
-from myxtts.training.init_from import InitSource, check_same_text, load_source
-from myxtts.training.run_folder import RunText, has_checkpoint, prepare_text
+from myxtts.training.init_from import InitSource, check_same_inputs, load_source
+from myxtts.training.run_folder import RunText, check_resumed_inputs, has_checkpoint, prepare_text
 
 
 def compiled_step_shapes(config: Config) -> int:
@@ -212,16 +212,19 @@ class Run:
 def starting_point(config: Config, workdir: Path | None, resume: str = "auto") -> tuple[bool, InitSource | None]:
     """Whether the run in `workdir` resumes a checkpoint of its own, and `training.init_from`'s
     checkpoint when the run starts from it instead. Raises CheckpointError for `resume="require"`
-    without a checkpoint and for an init_from that names none; reads no weights, so training asks it
-    before the hardware probes (a minute on a first run) as well as in `prepare_run`."""
+    without a checkpoint and for an init_from that names none, ValueError for a resumed run or an
+    init_from source of another text front end or log-mel settings; reads no weights, so training
+    asks it before the hardware probes (a minute on a first run) as well as in `prepare_run`."""
     resuming = workdir is not None and has_checkpoint(workdir)
     if resume == "require" and not resuming:
         where = workdir / "checkpoints" / "latest" if workdir is not None else "(no run folder)"
         raise CheckpointError(f"--resume: no checkpoint to resume in {where}")
+    if resuming:
+        check_resumed_inputs(workdir, config.data)  # another front end or log-mel: said before the probes too
     source = None
     if config.training.init_from and not resuming:
         source = load_source(config.training.init_from)
-        check_same_text(source, config)
+        check_same_inputs(source, config)
     return resuming, source
 
 

@@ -39,7 +39,8 @@ from myxtts.training.compile_log import CompileTimer, RunClock
 from myxtts.training.checkpoint_fallback import CheckpointRefused, CheckpointsDamaged, restore_newest
 from myxtts.training.checkpoints import Checkpoints, CheckpointError, DiskFull, is_disk_full
 from myxtts.training.init_from import InitSource, initialize_from
-from myxtts.training.run_folder import WAYS_OUT, RunText, finish_reset, reset_run, settings_changed, undo_reset
+from myxtts.training.run_folder import (WAYS_OUT, RunText, check_reset_source, finish_reset, reset_run,
+                                        settings_changed, undo_reset)
 from myxtts.training.run_lock import LOCK_FILE, run_folder_lock
 from myxtts.training.run_setup import (batch_plan_of, check_validation_inputs, prepare_run, resolve_plan,
                                        starting_point)
@@ -102,6 +103,7 @@ def _locked(config: Config, workdir: Path, resume: str, epochs: float | None, ec
         if chief:
             held.enter_context(run_folder_lock(workdir, echo))
             if resume == "reset":
+                check_reset_source(config, workdir)
                 reset_run(workdir, echo)
             else:
                 undo_reset(workdir, echo)  # a reset whose run was killed before it wrote: the old run is back
