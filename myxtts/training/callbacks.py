@@ -38,7 +38,10 @@ class ProgressLogger(keras.callbacks.Callback):
     batch-end callbacks, the wait for input included): the wall time between two lines also held the
     validation, the speech check and the checkpoints of any interval ending there (a tiny run logged
     134 ms/step, then 14,518 after a validation and two saves). The ETA counts them: it is the wall
-    time per update since the first line, so the time such work takes recurs in it.
+    time per update since the first line, so the time such work takes recurs in it. The first line
+    leaves out the first call too (its step traces, and under XLA compiles, the step: 116 s on an H100
+    where a step takes 60 ms, which made the first ETA hours), when other calls follow it in the line;
+    `CompileTimer` says what the first step took.
 
     Also writes step time and samples/s to TensorBoard next to the step's own metrics, and the time
     the steps waited for input (`input_wait_ms`), timed by one of two clocks: `watch_input` (inside
@@ -105,6 +108,7 @@ class ProgressLogger(keras.callbacks.Callback):
     def on_train_begin(self, logs=None):
         self._last = (time.perf_counter(), optimizer_step(self.model))
         self._first_line, self._in_steps = None, 0.0
+        self._first_call = None  # (seconds, updates) of fit's first call: left out of the first line's rates
         if self._input_clock is not None:
             self._input_clock.read_and_reset()
 
@@ -114,13 +118,21 @@ class ProgressLogger(keras.callbacks.Callback):
     def on_train_batch_end(self, batch, logs=None):
         step = optimizer_step(self.model)  # first: reading the step waits for it to finish on a GPU
         now = time.perf_counter()
-        if self._step_began is not None:
-            self._in_steps += now - self._step_began
+        took = now - self._step_began if self._step_began is not None else 0.0
+        self._in_steps += took
+        if self._first_call is None:  # its input wait (the pipeline starting) kept apart with it
+            waited = self._input_clock.read_and_reset() if self._input_clock is not None else 0.0
+            self._first_call = (took, step - self._last[1], waited)
         if not crossed(self._last[1], step, self.interval):
             return
-        steps = step - self._last[1]
-        seconds_per_step = self._in_steps / steps
-        wall_per_step = (now - self._last[0]) / steps
+        steps, in_steps, wall = step - self._last[1], self._in_steps, now - self._last[0]
+        first_wait = 0.0
+        if self._first_line is None:
+            first_seconds, first_updates, first_wait = self._first_call
+            if steps > first_updates > 0:
+                in_steps, wall, steps, first_wait = in_steps - first_seconds, wall - first_seconds, steps - first_updates, 0.0
+        seconds_per_step = in_steps / steps
+        wall_per_step = wall / steps
         if self._first_line is None:
             self._first_line = (now, step)
         elif step > self._first_line[1]:
@@ -131,7 +143,7 @@ class ProgressLogger(keras.callbacks.Callback):
         record = dict(step=step, step_time_s=seconds_per_step, samples_per_s=self.samples_per_update / seconds_per_step, **logs)
         input_wait = ""
         if self._input_clock is not None:
-            record["input_wait_ms"] = self._input_clock.read_and_reset() * 1000 / steps
+            record["input_wait_ms"] = (self._input_clock.read_and_reset() + first_wait) * 1000 / steps
             input_wait = f" (input wait {record['input_wait_ms']:.0f})"
         self.history.append(record)
         with self.writer.as_default(step=step):
