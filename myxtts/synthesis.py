@@ -139,7 +139,7 @@ class Synthesizer:
         """Load `run_dir`'s config.yaml and vocab.txt, and `checkpoint`: a checkpoint prefix or one of the
         run's checkpoint folders (default: the run's best_wer, else best_mel, else latest; `find_checkpoint`).
         `vocoder`: a vocoder folder or "griffin-lim"; by default the run's own (`vocoder_folder`)."""
-        from myxtts.training.checkpoints import find_checkpoint, restore_network
+        from myxtts.training.checkpoints import read_newest, restore_network
         from myxtts.training.run_folder import read_vocabulary
 
         run_dir = Path(run_dir)
@@ -149,8 +149,8 @@ class Synthesizer:
         vocabulary = read_vocabulary(run_dir)
         network = network_for(config, len(vocabulary), vocabulary.word_boundary_id)
         network.build()
-        path = find_checkpoint(checkpoint or run_dir)
-        restore_network(network, path)
+        # the newest when a training running in the folder deleted the one found (`read_newest`)
+        read_newest(checkpoint or run_dir, lambda path: restore_network(network, path))
         return cls(network, config, vocabulary, run_dir, run_vocoder(run_dir, config, vocoder))
 
     def reference(self, paths) -> tuple[tf.Tensor, tf.Tensor]:
