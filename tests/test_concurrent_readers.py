@@ -111,3 +111,16 @@ def test_fine_tuning_from_a_run_still_training_starts_from_its_newest_checkpoint
     assert report.checkpoint.endswith("ckpt-15") and "ckpt-15" in report.message()
     for name, variable in named_weights(network).items():
         np.testing.assert_array_equal(keras.ops.convert_to_numpy(variable), training.NEWER, err_msg=name)
+
+
+def test_a_run_folder_without_a_checkpoint_yet_is_said_to_be_one(training, capsys):
+    """A training just started has none: the line said to give a run folder, which it was."""
+    from utilities import synthesize
+
+    for path in (training.run / "checkpoints" / "latest").iterdir():  # as before its first save
+        path.unlink()
+    assert synthesize.main(["--checkpoint", str(training.run), "--text", "Hello.", "--reference", "a.wav",
+                            "--out", str(training.run.parent / "out.wav")]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"error: no checkpoint in the run folder {training.run} yet: its training saves the first one after "
+        "training.checkpoint_interval updates (and at Ctrl-C); run this again then")

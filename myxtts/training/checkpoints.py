@@ -347,6 +347,9 @@ def find_checkpoint(path: str | os.PathLike) -> str:
                 return latest
     if Path(f"{path}.index").exists():
         return str(path)
+    if (path / "config.yaml").is_file():  # a run folder whose training has not saved yet (or was reset)
+        raise CheckpointError(f"no checkpoint in the run folder {path} yet: its training saves the first one after "
+                              "training.checkpoint_interval updates (and at Ctrl-C); run this again then")
     raise CheckpointError(f"no checkpoint found at {path} (give a run folder, e.g. runs/demo, or a checkpoint prefix)")
 
 
