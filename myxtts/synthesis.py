@@ -131,6 +131,7 @@ class Synthesizer:
         self.network, self.config, self.vocabulary = network, config, vocabulary
         self.run_dir = run_dir  # named in messages; None for a synthesizer built in memory
         self.vocoder = vocoder  # None: Griffin-Lim
+        self.checkpoint: str | None = None  # the checkpoint its weights came from (`from_run`), named in reports
         self.to_audio = waveform_maker(config.data, vocoder)
         self._table = vocabulary.lookup_table()
 
@@ -150,8 +151,21 @@ class Synthesizer:
         network = network_for(config, len(vocabulary), vocabulary.word_boundary_id)
         network.build()
         # the newest when a training running in the folder deleted the one found (`read_newest`)
-        read_newest(checkpoint or run_dir, lambda path: restore_network(network, path))
-        return cls(network, config, vocabulary, run_dir, run_vocoder(run_dir, config, vocoder))
+        path, _ = read_newest(checkpoint or run_dir, lambda path: restore_network(network, path))
+        synthesizer = cls(network, config, vocabulary, run_dir, run_vocoder(run_dir, config, vocoder))
+        synthesizer.checkpoint = path
+        return synthesizer
+
+    def checkpoint_line(self) -> str:
+        """"checkpoint: PATH (step N)": which weights a report measured; a run still training has newer ones,
+        and best_wer or best_mel (taken first) can be far behind its latest."""
+        from myxtts.training.checkpoints import CheckpointError, read_meta
+
+        try:
+            step = read_meta(self.checkpoint).get("step")
+        except (CheckpointError, OSError, ValueError):  # not written by MyXTTS, or deleted since by its training
+            step = None
+        return f"checkpoint: {self.checkpoint}" + (f" (step {step})" if isinstance(step, int) else "")
 
     def reference(self, paths) -> tuple[tf.Tensor, tf.Tensor]:
         """Reference mels [N, R, n_mels] and lengths [N] for one or more clips of the voice."""

@@ -124,3 +124,20 @@ def test_a_run_folder_without_a_checkpoint_yet_is_said_to_be_one(training, capsy
     assert capsys.readouterr().err.strip().splitlines()[-1] == (
         f"error: no checkpoint in the run folder {training.run} yet: its training saves the first one after "
         "training.checkpoint_interval updates (and at Ctrl-C); run this again then")
+
+
+def test_the_free_running_check_names_the_checkpoint_it_measured(training, monkeypatch, capsys):
+    """On a run still training, best_wer or best_mel (taken first) can be far behind its latest: the
+    report named no checkpoint, so a WER of step 120 read as the run's at step 1,260."""
+    from myxtts.training import run_setup
+    from utilities import free_running_check
+
+    _saves_before_the_first_read(monkeypatch, training)
+
+    def corpus_gone(*args, **kwargs):  # stops the check once it has loaded its checkpoint
+        raise FileNotFoundError("the corpus is elsewhere")
+
+    monkeypatch.setattr(run_setup, "prepare_run", corpus_gone)
+    assert free_running_check.main(["--run", str(training.run), "--vocoder", "griffin-lim"]) == 2
+    latest = training.run / "checkpoints" / "latest"
+    assert capsys.readouterr().out.splitlines()[0] == f"checkpoint: {latest / 'ckpt-15'} (step 15)"
