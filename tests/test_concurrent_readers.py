@@ -141,3 +141,17 @@ def test_the_free_running_check_names_the_checkpoint_it_measured(training, monke
     assert free_running_check.main(["--run", str(training.run), "--vocoder", "griffin-lim"]) == 2
     latest = training.run / "checkpoints" / "latest"
     assert capsys.readouterr().out.splitlines()[0] == f"checkpoint: {latest / 'ckpt-15'} (step 15)"
+
+
+def test_a_checkpoint_prefix_its_training_has_deleted_since_is_said_to_be_one(training, capsys):
+    """A prefix copied from a report (`checkpoint: ...`) of a run still training: the line said to give a
+    run folder or a checkpoint prefix, which it was."""
+    from utilities import synthesize
+
+    prefix = training.run / "checkpoints" / "latest" / "ckpt-5"
+    training.saves_twice()
+    assert synthesize.main(["--checkpoint", str(prefix), "--text", "Hello.", "--reference", "a.wav",
+                            "--out", str(training.run.parent / "out.wav")]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"error: checkpoint {prefix} is no longer there: the training of its run keeps only its newest checkpoints "
+        f"(now ckpt-15); give its folder {prefix.parent} to read the newest")

@@ -347,6 +347,10 @@ def find_checkpoint(path: str | os.PathLike) -> str:
                 return latest
     if Path(f"{path}.index").exists():
         return str(path)
+    newest = tf.train.latest_checkpoint(str(path.parent)) if re.fullmatch(r"ckpt-\d+", path.name) else None
+    if newest:  # a prefix its training has deleted since (it keeps only the newest), copied from a report
+        raise CheckpointError(f"checkpoint {path} is no longer there: the training of its run keeps only its newest "
+                              f"checkpoints (now {Path(newest).name}); give its folder {path.parent} to read the newest")
     if (path / "config.yaml").is_file():  # a run folder whose training has not saved yet (or was reset)
         raise CheckpointError(f"no checkpoint in the run folder {path} yet: its training saves the first one after "
                               "training.checkpoint_interval updates (and at Ctrl-C); run this again then")
