@@ -155,3 +155,14 @@ def test_a_checkpoint_prefix_its_training_has_deleted_since_is_said_to_be_one(tr
     assert capsys.readouterr().err.strip().splitlines()[-1] == (
         f"error: checkpoint {prefix} is no longer there: the training of its run keeps only its newest checkpoints "
         f"(now ckpt-15); give its folder {prefix.parent} to read the newest")
+
+
+def test_a_run_being_reset_is_said_to_be_not_lost(training):
+    """A synthesis while --reset-training starts (its probes, a minute) said the run's token ids were lost."""
+    from myxtts.synthesis import Synthesizer
+    from myxtts.training.run_folder import reset_run
+
+    reset_run(training.run, echo=lambda message: None)
+    with pytest.raises(CheckpointError, match=rf"^{training.run} is being reset: --reset-training set its vocab.txt and "
+                                              r"checkpoints aside in .*reset-pending until the new run starts"):
+        Synthesizer.from_run(training.run)
