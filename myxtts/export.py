@@ -120,7 +120,8 @@ def export_run(run_dir: str | os.PathLike, out_dir: str | os.PathLike, checkpoin
             echo(f"export 2/{stages}: converting to TFLite")
             (folder / "model.tflite").write_bytes(convert(network, d, neural))
     written = {"saved_model": str(out), "vocoder": settings["vocoder"]}
-    echo(f"wrote the SavedModel {out} (endpoints reference_mel, tokenize, synthesize; audio by {settings['vocoder']})")
+    echo(f"wrote the SavedModel {out} (endpoints reference_mel, tokenize, synthesize; audio by {settings['vocoder']}; "
+         f"{synthesizer.checkpoint_line()})")
     if tflite:
         path = out / "model.tflite"
         written["tflite"] = str(path)

@@ -131,6 +131,7 @@ class Synthesizer:
         self.network, self.config, self.vocabulary = network, config, vocabulary
         self.run_dir = run_dir  # named in messages; None for a synthesizer built in memory
         self.vocoder = vocoder  # None: Griffin-Lim
+        self.checkpoint: str | None = None  # the checkpoint its weights came from (`from_run`), named in reports
         self.to_audio = waveform_maker(config.data, vocoder)
         self._table = vocabulary.lookup_table()
 
@@ -139,7 +140,7 @@ class Synthesizer:
         """Load `run_dir`'s config.yaml and vocab.txt, and `checkpoint`: a checkpoint prefix or one of the
         run's checkpoint folders (default: the run's best_wer, else best_mel, else latest; `find_checkpoint`).
         `vocoder`: a vocoder folder or "griffin-lim"; by default the run's own (`vocoder_folder`)."""
-        from myxtts.training.checkpoints import find_checkpoint, restore_network
+        from myxtts.training.checkpoints import read_newest, restore_network
         from myxtts.training.run_folder import read_vocabulary
 
         run_dir = Path(run_dir)
@@ -149,9 +150,22 @@ class Synthesizer:
         vocabulary = read_vocabulary(run_dir)
         network = network_for(config, len(vocabulary), vocabulary.word_boundary_id)
         network.build()
-        path = find_checkpoint(checkpoint or run_dir)
-        restore_network(network, path)
-        return cls(network, config, vocabulary, run_dir, run_vocoder(run_dir, config, vocoder))
+        # the newest when a training running in the folder deleted the one found (`read_newest`)
+        path, _ = read_newest(checkpoint or run_dir, lambda path: restore_network(network, path))
+        synthesizer = cls(network, config, vocabulary, run_dir, run_vocoder(run_dir, config, vocoder))
+        synthesizer.checkpoint = path
+        return synthesizer
+
+    def checkpoint_line(self) -> str:
+        """"checkpoint: PATH (step N)": which weights a report measured; a run still training has newer ones,
+        and best_wer or best_mel (taken first) can be far behind its latest."""
+        from myxtts.training.checkpoints import CheckpointError, read_meta
+
+        try:
+            step = read_meta(self.checkpoint).get("step")
+        except (CheckpointError, OSError, ValueError):  # not written by MyXTTS, or deleted since by its training
+            step = None
+        return f"checkpoint: {self.checkpoint}" + (f" (step {step})" if isinstance(step, int) else "")
 
     def reference(self, paths) -> tuple[tf.Tensor, tf.Tensor]:
         """Reference mels [N, R, n_mels] and lengths [N] for one or more clips of the voice."""

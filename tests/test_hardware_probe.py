@@ -189,3 +189,40 @@ def test_default_cache_dir_follows_the_environment(tmp_path, monkeypatch):
 def test_config_hash_is_order_independent():
     assert config_hash({"a": 1, "b": [1, 2]}) == config_hash({"b": [1, 2], "a": 1})
     assert config_hash({"a": 1}) != config_hash({"a": 2})
+
+
+@pytest.mark.parametrize("store", ["probe", "capacity"])
+def test_two_runs_storing_one_cache_entry_at_once_both_succeed(store, tmp_path, monkeypatch):
+    """Both wrote the entry beside itself under one name (".tmp"): the run renaming second found it
+    gone and stopped at its start in FileNotFoundError (train_main.py: "error: [Errno 2] ...")."""
+    import pickle
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from myxtts.hardware.capacity_record import CapacityCache
+    from tests.test_hardware_capacity import record
+
+    if store == "probe":
+        cache = ProbeCache(tmp_path / "probe")
+        ours = (key(), ProbeResult(points=tuple(SYNTHESIZED), memory_limit_batch=14, chosen_batch=8, reason="ours"))
+        theirs = (key(), ProbeResult(points=tuple(SYNTHESIZED), memory_limit_batch=14, chosen_batch=4, reason="theirs"))
+    else:
+        cache, ours, theirs = CapacityCache(tmp_path / "capacity"), (record(),), (record(),)
+    other = ("import pickle, sys; cache, entry = pickle.loads(bytes.fromhex(sys.argv[1])); cache.store(*entry)")
+    write_text, others = Path.write_text, []
+
+    def another_run_meanwhile(self, *args, **kwargs):  # as ours is written, another process stores the same entry
+        written = write_text(self, *args, **kwargs)
+        if not others:
+            others.append(subprocess.run([sys.executable, "-c", other, pickle.dumps((cache, theirs)).hex()],
+                                         capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1]))
+        return written
+
+    monkeypatch.setattr(Path, "write_text", another_run_meanwhile)
+    path = cache.store(*ours)
+    assert others[0].returncode == 0, others[0].stderr
+    monkeypatch.undo()
+    assert json.loads(path.read_text()) and sorted(p.name for p in path.parent.iterdir()) == [path.name]
+    if store == "probe":
+        assert cache.load(ours[0]) == ours[1]  # ours, renamed last

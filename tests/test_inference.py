@@ -255,6 +255,34 @@ def test_a_wav_that_cannot_be_written_leaves_the_file_that_was_there_and_says_wh
     assert out.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["out.wav"]
 
 
+def test_two_syntheses_to_one_out_at_once_each_write_a_whole_wav(tmp_path, monkeypatch):
+    """Both wrote beside --out under one name: the second's write cut the first's file short and renamed
+    it into place, and the first then said it could not write --out (No such file or directory)."""
+    import subprocess
+    import sys
+    import wave
+    from pathlib import Path
+
+    from myxtts.models.griffin_lim import write_wav
+
+    out, write_file, others = tmp_path / "out.wav", tf.io.write_file, []
+    other = (f"import numpy as np; from myxtts.models.griffin_lim import write_wav; "
+             f"write_wav({str(out)!r}, np.full(8000, 0.25, np.float32), 16000)")
+
+    def another_synthesis_meanwhile(filename, contents):  # as ours is written, another process writes its own
+        write_file(filename, contents)
+        if not others:
+            others.append(subprocess.run([sys.executable, "-c", other], capture_output=True, text=True,
+                                         cwd=Path(__file__).resolve().parents[1]))
+
+    monkeypatch.setattr(tf.io, "write_file", another_synthesis_meanwhile)
+    write_wav(str(out), np.full(16000, 0.5, np.float32), 16000)
+    assert others[0].returncode == 0, others[0].stderr
+    with wave.open(str(out)) as wav:  # ours, renamed last, whole
+        assert wav.getnframes() == 16000
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.wav"]
+
+
 def test_synthesize_cli_refuses_an_out_that_is_a_folder_before_speaking(tmp_path, capsys):
     # It spoke, then stopped on TensorFlow's "Is a directory" traceback where the WAV was written.
     from utilities import synthesize

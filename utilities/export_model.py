@@ -39,7 +39,9 @@ def main(argv=None) -> int:
     try:
         checkpoint = None
         if args.checkpoint in ("best_wer", "best_mel", "latest"):
-            checkpoint = find_checkpoint(run / "checkpoints" / args.checkpoint)
+            find_checkpoint(run / "checkpoints" / args.checkpoint)  # none there: said now
+            # the folder, not the prefix found: a training running in the run replaces its checkpoints
+            checkpoint = str(run / "checkpoints" / args.checkpoint)
         elif args.checkpoint:
             checkpoint = args.checkpoint
         export_run(run, args.out, checkpoint, tflite=args.tflite, vocoder=args.vocoder)

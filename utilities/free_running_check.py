@@ -99,6 +99,7 @@ def main(argv=None) -> int:
     except (FileNotFoundError, CheckpointError, VocoderMismatch) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    print(synthesizer.checkpoint_line())  # a run still training: which of its checkpoints was measured
     config, network = synthesizer.config, synthesizer.network
     # The rows as training read them (phonemized the same way, the run's vocabulary).
     try:

@@ -120,7 +120,9 @@ class CapacityCache:
     def store(self, record: CapacityRecord) -> Path:
         path = self.path_for(record.key)
         path.parent.mkdir(parents=True, exist_ok=True)
-        temporary = path.with_suffix(".tmp")
+        # this process's own: two runs starting at once shared one ".tmp", and the one renaming second
+        # stopped in FileNotFoundError (or renamed the other's half-written file into place)
+        temporary = path.with_suffix(f".tmp-{os.getpid()}")
         temporary.write_text(json.dumps(record.to_dict(), indent=2))
         temporary.replace(path)  # atomic: a concurrent reader never sees half a file
         return path

@@ -269,7 +269,9 @@ class ProbeCache:
         path = self.path_for(key)
         path.parent.mkdir(parents=True, exist_ok=True)
         payload = {"key": dataclasses.asdict(key), "result": result.to_dict()}
-        temporary = path.with_suffix(".tmp")
+        # this process's own: two runs starting at once shared one ".tmp", and the one renaming second
+        # stopped in FileNotFoundError (or renamed the other's half-written file into place)
+        temporary = path.with_suffix(f".tmp-{os.getpid()}")
         temporary.write_text(json.dumps(payload, indent=2))
         temporary.replace(path)  # atomic, so a concurrent reader never sees half a file
         return path

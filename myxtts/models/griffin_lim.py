@@ -170,12 +170,14 @@ def write_wav(path, samples, sample_rate: int) -> None:
     """Write float samples [samples] (mono) or [samples, channels] as a 16-bit PCM WAV file.
 
     Written beside `path` and renamed over it, so a write cut short (a full disk, Ctrl-C) leaves the
-    file that was there; OSError("cannot write PATH: why") when it cannot be written."""
+    file that was there; OSError("cannot write PATH: why") when it cannot be written. The file beside
+    it is this process's own: two syntheses to one --out shared one, so one renamed the other's
+    half-written file into place and the other said it could not write (No such file or directory)."""
     samples = tf.clip_by_value(tf.convert_to_tensor(samples, tf.float32), -1.0, 1.0)
     if samples.shape.rank == 1:
         samples = samples[:, None]
     path = os.fspath(path)
-    partial = f"{path}.partial"
+    partial = f"{path}.partial-{os.getpid()}"
     try:
         directory = os.path.dirname(path)
         if directory:

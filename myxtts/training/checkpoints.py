@@ -347,7 +347,42 @@ def find_checkpoint(path: str | os.PathLike) -> str:
                 return latest
     if Path(f"{path}.index").exists():
         return str(path)
+    newest = tf.train.latest_checkpoint(str(path.parent)) if re.fullmatch(r"ckpt-\d+", path.name) else None
+    if newest:  # a prefix its training has deleted since (it keeps only the newest), copied from a report
+        raise CheckpointError(f"checkpoint {path} is no longer there: the training of its run keeps only its newest "
+                              f"checkpoints (now {Path(newest).name}); give its folder {path.parent} to read the newest")
+    if (path / "config.yaml").is_file():  # a run folder whose training has not saved yet (or was reset)
+        raise CheckpointError(f"no checkpoint in the run folder {path} yet: its training saves the first one after "
+                              "training.checkpoint_interval updates (and at Ctrl-C); run this again then")
     raise CheckpointError(f"no checkpoint found at {path} (give a run folder, e.g. runs/demo, or a checkpoint prefix)")
+
+
+def read_newest(where: str | os.PathLike, read, attempts: int = 5):
+    """(path, `read(path)`) for the checkpoint `find_checkpoint(where)` names.
+
+    A training still running in that run folder deletes a checkpoint as soon as it has saved newer
+    ones (`latest` keeps two, best_mel and best_wer one each), so the one found can be gone when it
+    is read: a synthesis, an export or a fine-tuning started on a run that is training stopped in
+    TensorFlow's NotFoundError traceback. The newest one is looked up again instead; a checkpoint
+    prefix given outright that is gone is a CheckpointError naming it and what to give."""
+    for _ in range(attempts):
+        path = find_checkpoint(where)
+        try:
+            return path, read(path)
+        except tf.errors.NotFoundError:
+            try:
+                replaced = find_checkpoint(where) != path
+            except CheckpointError:  # the prefix given is gone
+                replaced = True
+            if not replaced:
+                raise  # a file of it missing for another reason: not a training's clean-up
+            if path == str(Path(where)):
+                raise CheckpointError(
+                    f"checkpoint {path} was deleted while it was read: the training running in its folder keeps only "
+                    f"its newest checkpoints; give its folder ({Path(path).parent}) or the run folder to read the "
+                    "newest one") from None
+    raise CheckpointError(f"{where}: its newest checkpoint was replaced {attempts} times while it was read (a training "
+                          "saving there); run the command again")
 
 
 def is_disk_full(error: BaseException) -> bool:

@@ -32,7 +32,7 @@ from myxtts.config import Config, saved_text_frontend
 from myxtts.data.text import Vocabulary
 from myxtts.models.vocoder import features_of
 from myxtts.training.checkpoints import (CheckpointError, CheckpointMismatch, find_checkpoint, named_weights,
-                                         read_meta, stored_weights)
+                                         read_meta, read_newest, stored_weights)
 
 
 @dataclass
@@ -42,6 +42,7 @@ class InitSource:
     checkpoint: str
     vocabulary: Vocabulary
     saved_config: dict
+    given: str | None = None  # the path named (a run or checkpoint folder): its newest is read if `checkpoint` is gone
 
 
 def load_source(path: str | Path) -> InitSource:
@@ -56,7 +57,7 @@ def load_source(path: str | Path) -> InitSource:
         raise CheckpointError(f"training.init_from (--init-from): no vocab.txt beside {checkpoint} or in its run folder; "
                               "give the run folder the checkpoint was trained in")
     saved = yaml.safe_load(read_meta(checkpoint).get("config") or "") or {}
-    return InitSource(checkpoint, Vocabulary.load(vocab_path), saved if isinstance(saved, dict) else {})
+    return InitSource(checkpoint, Vocabulary.load(vocab_path), saved if isinstance(saved, dict) else {}, str(path))
 
 
 def check_same_inputs(source: InitSource, config: Config) -> None:
@@ -117,13 +118,19 @@ def initialize_from(network, source: InitSource, vocabulary: Vocabulary) -> Init
         raise ValueError(f"this run's vocabulary has as many tokens as {source.checkpoint}'s but not the same ones in "
                          "the same order, so token rows cannot be told from other axes; start from "
                          "extended_vocabulary(source, data)")
-    reader, keys = stored_weights(source.checkpoint)
+    # Read after the hardware probes, a minute after `load_source` found it: a source run still
+    # training has deleted that checkpoint by then, and its newest is read instead (`read_newest`).
+    try:
+        checkpoint, stored_values = read_newest(source.given or source.checkpoint, _network_values)
+    except CheckpointError as error:
+        raise CheckpointError(f"training.init_from (--init-from): {error}") from None
+    source = dataclasses.replace(source, checkpoint=checkpoint)
     weights, values, mapped, differences = named_weights(network), {}, [], []
     for name, variable in weights.items():
-        if name not in keys:
+        if name not in stored_values:
             differences.append(f"{name}: not in the checkpoint")
             continue
-        stored, now = reader.get_tensor(keys[name]), tuple(variable.shape)
+        stored, now = stored_values[name], tuple(variable.shape)
         axes = [a for a in range(len(now)) if len(stored.shape) == len(now) and stored.shape[a] != now[a]]
         if stored.shape == now:
             values[name] = stored
@@ -132,7 +139,7 @@ def initialize_from(network, source: InitSource, vocabulary: Vocabulary) -> Init
             mapped.append(name)
         else:
             differences.append(f"{name}: {list(stored.shape)} in the checkpoint, {list(now)} now")
-    differences += [f"{name}: only in the checkpoint" for name in sorted(set(keys) - set(weights))]
+    differences += [f"{name}: only in the checkpoint" for name in sorted(set(stored_values) - set(weights))]
     if differences:
         shown = "; ".join(differences[:4]) + (f"; and {len(differences) - 4} more" if len(differences) > 4 else "")
         raise CheckpointMismatch(
@@ -144,6 +151,12 @@ def initialize_from(network, source: InitSource, vocabulary: Vocabulary) -> Init
         weights[name].assign(value.astype(weights[name].dtype))
     return InitReport(source.checkpoint, len(values), mapped, int(np.sum(rows >= 0)),
                       [vocabulary.tokens[i] for i in np.flatnonzero(rows < 0)])
+
+
+def _network_values(path: str) -> dict[str, np.ndarray]:
+    """Every network weight stored in checkpoint `path`, by name, read now (its files may be deleted next)."""
+    reader, keys = stored_weights(path)
+    return {name: reader.get_tensor(key) for name, key in keys.items()}
 
 
 def _map_rows(stored: np.ndarray, fresh: np.ndarray, axes: list[int], rows: np.ndarray) -> np.ndarray:

@@ -174,6 +174,11 @@ def prepare_text(config: Config, workdir: Path | None, train_rows, val_rows, *, 
 def read_vocabulary(workdir: Path) -> Vocabulary:
     """The vocabulary a run's checkpoints follow (training resuming, synthesis, export)."""
     path = Path(workdir) / VOCABULARY_FILE
+    if not path.exists() and (Path(workdir) / RESET_ASIDE / VOCABULARY_FILE).exists():
+        # a reset under way (a synthesis or an export while it starts): nothing is lost, as the old line said
+        raise CheckpointError(f"{workdir} is being reset: --reset-training set its {VOCABULARY_FILE} and checkpoints "
+                              f"aside in {Path(workdir) / RESET_ASIDE} until the new run starts (a new run that stops "
+                              "first puts them back); run this again once the new run has saved a checkpoint")
     if not path.exists():
         raise CheckpointError(f"{workdir} has no {VOCABULARY_FILE}, so the token ids of its checkpoints are lost.")
     return Vocabulary.load(path)
