@@ -125,18 +125,16 @@ class ProgressLogger(keras.callbacks.Callback):
             self._first_call = (took, step - self._last[1], waited)
         if not crossed(self._last[1], step, self.interval):
             return
-        steps, in_steps, wall = step - self._last[1], self._in_steps, now - self._last[0]
-        first_wait = 0.0
+        steps, in_steps, first_wait = step - self._last[1], self._in_steps, 0.0
         if self._first_line is None:
+            wall = now - self._last[0]
             first_seconds, first_updates, first_wait = self._first_call
             if steps > first_updates > 0:
                 in_steps, wall, steps, first_wait = in_steps - first_seconds, wall - first_seconds, steps - first_updates, 0.0
-        seconds_per_step = in_steps / steps
-        wall_per_step = wall / steps
-        if self._first_line is None:
-            self._first_line = (now, step)
-        elif step > self._first_line[1]:
+            wall_per_step, self._first_line = wall / steps, (now, step)
+        else:
             wall_per_step = (now - self._first_line[0]) / (step - self._first_line[1])
+        seconds_per_step = in_steps / steps
         self._last, self._in_steps = (now, step), 0.0
         logs = {k: float(v) for k, v in (logs or {}).items()}
         eta = wall_per_step * max(self.max_steps - step, 0)
