@@ -29,7 +29,8 @@ from pathlib import Path
 
 import tensorflow as tf
 
-from myxtts.training.checkpoints import KINDS, CheckpointError, Checkpoints, Restored, earlier_updates, error_line
+from myxtts.training.checkpoints import (KINDS, CheckpointError, Checkpoints, Restored, earlier_updates, error_line,
+                                         read_meta)
 
 STATE_FILE = "checkpoint"  # TensorFlow's name for the file listing a folder's checkpoints
 DAMAGED = "damaged"
@@ -62,8 +63,8 @@ class Candidate:
         """All the updates behind it: its step, and those before an optimizer switch restarted the step
         at 0 (from its meta file; 0 where that cannot be read, which `damage` reports)."""
         try:
-            meta = json.loads(Path(f"{self.path}.meta.json").read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+            meta = read_meta(self.path)
+        except (CheckpointError, OSError, ValueError):  # ValueError: not JSON, or not UTF-8
             return self.step
         return self.step + (earlier_updates(meta) if isinstance(meta, dict) else 0)
 
