@@ -31,6 +31,13 @@ class ProgressLine:
             self.last_draw = now
             self._draw(now, final=False)
 
+    def each(self, items):
+        """`items`, each counted once the caller is done with it (asks for the next); closed after the last."""
+        for done, item in enumerate(items, 1):
+            yield item
+            self.update(done)
+        self.close()
+
     def close(self) -> None:
         if self.enabled:
             self._draw(time.monotonic(), final=True)

@@ -30,6 +30,18 @@ def test_the_last_item_is_said_once_by_the_closing_line(monkeypatch, capsys):
                                                     "job: 2/2 clips, 0.1 clips/s, done in 22.0 s"]
 
 
+def test_each_item_is_counted_once_the_caller_is_done_with_it(monkeypatch, capsys):
+    clock = [0.0]
+    monkeypatch.setattr(progress.time, "monotonic", lambda: clock[0])
+    seen = []
+    for item in ProgressLine("job", 2, "clips", enabled=True).each(["a", "b"]):
+        clock[0] += 11.0  # the work on the item, before it is counted
+        seen.append(item)
+    assert seen == ["a", "b"]
+    assert capsys.readouterr().err.splitlines() == ["job: 1/2 clips, 0.1 clips/s, ETA 11 s",
+                                                    "job: 2/2 clips, 0.1 clips/s, done in 22.0 s"]
+
+
 def test_validation_counts_the_sentences_it_speaks(monkeypatch, capsys):
     """A validation with training.wer_sentences (24 in the demo: ~50 s on 2 cores) was silent after the
     last step line's "ETA 0:00:00"; SpeechCheck now has the sentences counted as they are spoken."""

@@ -215,11 +215,7 @@ def measure_quality(sentences, mels, rows, d) -> dict:
     from myxtts.progress import ProgressLine
 
     progress = ProgressLine("quality: DNSMOS of the syntheses", len(mels), "sentences", enabled=True)
-    scores = []
-    for mel in mels:
-        scores.append(quality.dnsmos(sentences.waveform(mel), d.sample_rate))
-        progress.update(len(scores))
-    progress.close()
+    scores = [quality.dnsmos(sentences.waveform(mel), d.sample_rate) for mel in progress.each(mels)]
     synthesized = {key: float(np.mean([s[key] for s in scores])) for key in scores[0]}
     print(f"quality: DNSMOS of the {len(mels)} syntheses: overall {synthesized['ovrl']:.2f}, P.808 {synthesized['p808']:.2f}")
     paths = [u.audio_path for u in rows]

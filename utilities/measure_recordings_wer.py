@@ -83,11 +83,6 @@ def main(argv=None) -> int:
             else:
                 yield np.zeros_like(samples), rate, u.text
 
-    def counted(items, progress):
-        for done, item in enumerate(items, 1):
-            yield item
-            progress.update(done)
-
     start = time.perf_counter()
     recognizers = {"all sentences": Recognizer([u.text for u in utterances]),
                    "training split only": Recognizer([u.text for u in train])}
@@ -103,8 +98,7 @@ def main(argv=None) -> int:
     for clip_set, rows, condition, lm in plan:
         # A clip takes about a second to decode here: a whole corpus's row is minutes.
         progress = ProgressLine(f"{clip_set}, {condition}, {lm}", len(rows), "clips", enabled=True)
-        result = score_intelligibility(counted(clips(rows, condition), progress), recognizers[lm])
-        progress.close()
+        result = score_intelligibility(progress.each(clips(rows, condition)), recognizers[lm])
         errors, words = sum(r.errors for r in result.rows), sum(r.words for r in result.rows)
         print(f"| {clip_set} | {condition} | {lm} | {result.wer:.3f} | {errors} / {words} | "
               f"{result.seconds_per_audio_second:.3f} |", flush=True)
